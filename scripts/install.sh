@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install trl-rapidfire (editable, with its test extras) into the current Python environment.
+#
+# torch: an installed torch (a GPU build, say) is kept as it is. Without one, torch 2.13.0 is
+# installed first, on its own, so that no other package can pull a multi-GB CUDA build onto a
+# CPU-only machine. Set TORCH_INDEX_URL to choose the wheel index (for PyTorch's CPU-only
+# wheels, its "whl/cpu" index) and TORCH_VERSION to choose the version.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+cp constraints.txt "$constraints"
+
+if installed=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null); then
+  echo "install: keeping the installed torch $installed"
+else
+  version=${TORCH_VERSION:-2.13.0}
+  echo "install: installing torch==$version"
+  "$PY" -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==$version"
+  installed=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
+fi
+# Pin torch to what is there now, so resolving the rest never swaps it.
+echo "torch==$installed" >> "$constraints"
+
+"$PY" -m pip install -q -c "$constraints" -e ".[test]"
+echo "install: done ($("$PY" -c 'import trl_rapidfire as rf; print("trl-rapidfire", rf.__version__)'))"

@@ -1,0 +1,509 @@
+"""RF configs: TRL's ``SFTConfig``/``DPOConfig``/``GRPOConfig`` whose fields may be knobs.
+
+An RF config is the user's *description of a config group*. It keeps exactly what the user
+wrote (a field holding ``List([...])`` reads back as that ``List``; ``eval_strategy="chunk"``
+reads back as ``"chunk"``) and builds, for each run the search picks, a *concrete* config: an
+instance of the TRL parent class with every knob replaced by one value and every
+trl-rapidfire-only setting translated into something TRL accepts.
+
+Validation happens twice, both before any training: once when the RF config is built (the
+parent's own ``__post_init__`` runs on the first candidate of every knob, so a plain typo
+fails as it would in TRL), and once per run when the search builds each concrete config.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import typing
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from trl import DPOConfig, GRPOConfig, SFTConfig
+
+from .accelerate_state import preserved_accelerate_state
+from .knobs import Knob, List, Range, is_knob, knob_from_json
+
+__all__ = [
+    "RFConfigError",
+    "RFConfigMixin",
+    "RFSFTConfig",
+    "RFDPOConfig",
+    "RFGRPOConfig",
+    "CHUNK",
+    "normalize_fsdp_config",
+]
+
+CHUNK = "chunk"
+"""The trl-rapidfire value of ``eval_strategy``/``save_strategy``: act at every chunk end."""
+
+# Fields that describe the experiment, not one run: a knob here would make no sense.
+_NOT_KNOBS = frozenset({"output_dir", "num_chunks"})
+
+
+class RFConfigError(ValueError):
+    """An RF config field was set wrongly. The message names the field and the fix."""
+
+
+# --------------------------------------------------------------------------------------------
+# Field types
+# --------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_members(tp: Any) -> tuple[Any, ...]:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or (origin is not None and origin.__class__.__name__ == "UnionType"):
+        return typing.get_args(tp)
+    if tp.__class__.__name__ == "UnionType":
+        return typing.get_args(tp)
+    return (tp,)
+
+
+def _admits(tp: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether a field annotated ``tp`` may legitimately hold a value of one of ``kinds``."""
+    for member in _type_members(tp):
+        if member is typing.Any:
+            return True
+        origin = typing.get_origin(member) or member
+        if isinstance(origin, type) and issubclass(origin, kinds):
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# Options TRL removed or renamed since the seed's examples were written
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Removed:
+    """An option that no longer exists in TRL. ``harmless`` values mean what TRL now does anyway
+    (accepted with a warning); any other value is an error, since ignoring it would change the
+    training silently."""
+
+    message: str
+    harmless: tuple[Any, ...] = (None,)
+
+
+_DPO_REMOVED = {
+    "max_prompt_length": _Removed(
+        "DPOConfig no longer has `max_prompt_length`: TRL 1.x truncates the whole "
+        "prompt+completion sequence to `max_length` (see `truncation_mode`). Remove it and set "
+        "`max_length`."
+    ),
+    "max_completion_length": _Removed(
+        "DPOConfig no longer has `max_completion_length`: TRL 1.x truncates the whole "
+        "prompt+completion sequence to `max_length`. Remove it and set `max_length`."
+    ),
+    "model_adapter_name": _Removed(
+        "DPOConfig no longer has `model_adapter_name`: the trainer trains the model's active "
+        "adapter (PEFT's 'default'). Remove it.",
+        harmless=(None, "default"),
+    ),
+    "ref_adapter_name": _Removed(
+        "DPOConfig no longer has `ref_adapter_name`: with PEFT and no `ref_model`, the reference "
+        "is the base model with the adapter disabled. Remove it, or pass `ref_model=` to the "
+        "trainer."
+    ),
+    "force_use_ref_model": _Removed(
+        "DPOConfig no longer has `force_use_ref_model`: pass `ref_model=` to the trainer to use an "
+        "explicit reference model. Remove it.",
+        harmless=(None, False),
+    ),
+}
+
+_GRPO_REMOVED = {
+    "max_prompt_length": _Removed(
+        "GRPOConfig no longer has `max_prompt_length`: TRL 1.x does not truncate prompts. "
+        "Remove it and shorten prompts in the dataset if needed (`max_completion_length` still "
+        "exists)."
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# fsdp_config keys
+# --------------------------------------------------------------------------------------------
+
+_FSDP_RENAMED = {"offload_params": "cpu_offload"}
+_FSDP_KNOWN = frozenset(
+    {
+        "version", "cpu_offload", "auto_wrap_policy", "min_num_params",
+        "transformer_layer_cls_to_wrap", "cpu_ram_efficient_loading", "state_dict_type",
+        "activation_checkpointing", "reshard_after_forward", "xla", "xla_fsdp_settings",
+        "xla_fsdp_grad_ckpt", "xla_fsdp_v2",
+    }
+)
+_FSDP1_ONLY = frozenset(
+    {"forward_prefetch", "backward_prefetch", "use_orig_params", "sync_module_states",
+     "limit_all_gathers"}
+)
+_FSDP2_SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
+
+
+def normalize_fsdp_config(fsdp_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Map ``fsdp_config`` keys from older transformers onto current ones, loudly.
+
+    transformers 5 silently ignores keys it does not read. Here a renamed key is mapped with a
+    warning (``offload_params`` -> ``cpu_offload``), ``sharding_strategy`` becomes FSDP2's
+    ``reshard_after_forward``, FSDP1-only keys under FSDP2 and unknown keys are warned about, and
+    contradictions (both spellings, different values) are errors. Never drops an offload setting.
+    """
+    cfg = {(k[5:] if k.startswith("fsdp_") else k): v for k, v in fsdp_config.items()}
+    version = int(cfg.get("version", 2))
+    for old, new in _FSDP_RENAMED.items():
+        if old in cfg:
+            value = cfg.pop(old)
+            if new in cfg and cfg[new] != value:
+                raise RFConfigError(
+                    f"fsdp_config sets both `{old}`={value!r} and `{new}`={cfg[new]!r}; `{old}` is "
+                    f"the old name of `{new}`. Keep only `{new}`."
+                )
+            warnings.warn(
+                f"fsdp_config key `{old}` was renamed `{new}` in transformers 5; using "
+                f"{new}={value!r}.",
+                FutureWarning,
+                stacklevel=4,
+            )
+            cfg[new] = value
+    if "sharding_strategy" in cfg:
+        strategy = str(cfg.pop("sharding_strategy")).upper()
+        if version == 2:
+            if strategy not in _FSDP2_SHARDING:
+                raise RFConfigError(
+                    f"fsdp_config sharding_strategy={strategy!r} exists only in FSDP1; FSDP2 (the "
+                    "default, `version: 2`) supports FULL_SHARD and SHARD_GRAD_OP via "
+                    "`reshard_after_forward`."
+                )
+            mapped = _FSDP2_SHARDING[strategy]
+            if "reshard_after_forward" in cfg and cfg["reshard_after_forward"] != mapped:
+                raise RFConfigError(
+                    f"fsdp_config sharding_strategy={strategy!r} contradicts "
+                    f"reshard_after_forward={cfg['reshard_after_forward']!r}. Keep one."
+                )
+            cfg["reshard_after_forward"] = mapped
+        else:
+            cfg.setdefault("reshard_after_forward", strategy.lower())
+    if version == 2:
+        ignored = sorted(set(cfg) & _FSDP1_ONLY)
+        if ignored:
+            warnings.warn(
+                f"fsdp_config keys {ignored} only affect FSDP1; with FSDP2 (the default) they have "
+                "no effect.",
+                UserWarning,
+                stacklevel=4,
+            )
+    unknown = sorted(set(cfg) - _FSDP_KNOWN - _FSDP1_ONLY)
+    if unknown:
+        warnings.warn(
+            f"fsdp_config keys {unknown} are not read by transformers and have no effect.",
+            UserWarning,
+            stacklevel=4,
+        )
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# The RF config mixin
+# --------------------------------------------------------------------------------------------
+
+
+def _strategy_field(parent: type, name: str) -> Any:
+    """Redeclare ``eval_strategy``/``save_strategy`` as plain strings so ``"chunk"`` parses.
+
+    HfArgumentParser derives argparse ``choices`` from the field's enum type; redeclaring the
+    field with explicit choices is what lets ``--save_strategy chunk`` through TrlParser.
+    """
+    original = parent.__dataclass_fields__[name]
+    enum_type = next(
+        m for m in _type_members(_field_types(parent)[name]) if isinstance(m, type) and m is not str
+    )
+    choices = [e.value for e in enum_type] + [CHUNK]
+    help_text = original.metadata.get("help", "") + (
+        f' trl-rapidfire adds "{CHUNK}": act at every chunk end.'
+    )
+    return field(default=original.default, metadata={"help": help_text, "choices": choices})
+
+
+@dataclass
+class RFConfigMixin:
+    """Fields and behaviour shared by the three RF configs (see :class:`RFSFTConfig`)."""
+
+    num_chunks: int = field(
+        default=4,
+        metadata={
+            "help": "Number of chunks each epoch of each run is cut into; runs are switched at "
+            "chunk boundaries."
+        },
+    )
+    warmup_ratio: float | None = field(
+        default=None,
+        metadata={
+            "help": "Deprecated (removed in transformers 5): the ratio form of `warmup_steps`. "
+            "Use warmup_steps=<ratio below 1> instead."
+        },
+    )
+
+    _trl_parent: ClassVar[type]
+    _removed_options: ClassVar[dict[str, _Removed]] = {}
+    _rf_only_fields: ClassVar[frozenset[str]] = frozenset({"num_chunks", "warmup_ratio"})
+
+    # ---- construction ------------------------------------------------------------------------
+
+    def __post_init__(self) -> None:
+        raw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        knobs = self._collect_knobs(raw)
+        self._check_rf_fields(raw)
+        if raw.get("fsdp_config") and isinstance(raw["fsdp_config"], Mapping):
+            raw["fsdp_config"] = normalize_fsdp_config(raw["fsdp_config"])
+        if raw.get("warmup_ratio") is not None:
+            warnings.warn(
+                "`warmup_ratio` was removed in transformers 5; trl-rapidfire passes it on as "
+                "`warmup_steps` (values below 1 are ratios of the total steps).",
+                FutureWarning,
+                stacklevel=3,
+            )
+        # What the user wrote, knobs included: every concrete config is built from this.
+        object.__setattr__(self, "_rf_raw", raw)
+        object.__setattr__(self, "_rf_knobs", knobs)
+
+        # Validate through the parent exactly as TRL would, on one representative value per knob.
+        representative = {name: _first_value(knob) for name, knob in knobs.items()}
+        for name, value in self._parent_kwargs(representative).items():
+            object.__setattr__(self, name, _copied(value))
+        for name in self._rf_only_fields - {"num_chunks"}:
+            object.__setattr__(self, name, None)
+        try:
+            with preserved_accelerate_state():
+                self._trl_parent.__post_init__(self)
+        except RFConfigError:
+            raise
+        except (ValueError, TypeError) as err:
+            if not knobs:
+                raise
+            chosen = ", ".join(f"{k}={v!r}" for k, v in representative.items())
+            raise type(err)(f"{err} (checked with the first value of each knob: {chosen})") from err
+        finally:
+            # Read back what the user wrote: knobs, "chunk", the warm-up ratio.
+            restore = [*knobs, "warmup_ratio"]
+            restore += [n for n in ("eval_strategy", "save_strategy") if raw[n] == CHUNK]
+            if raw["warmup_ratio"] is not None:
+                restore.append("warmup_steps")
+            for name in restore:
+                object.__setattr__(self, name, raw[name])
+        if raw["eval_strategy"] == CHUNK:
+            self.do_eval = True
+
+    def _collect_knobs(self, raw: dict[str, Any]) -> dict[str, Knob]:
+        types = _field_types(type(self))
+        knobs: dict[str, Knob] = {}
+        for name, value in raw.items():
+            tp = types.get(name, Any)
+            if not is_knob(value) and not _admits(tp, (dict, Mapping)):
+                parsed = knob_from_json(value)
+                if parsed is not None:
+                    value = raw[name] = parsed
+            if is_knob(value):
+                if name in _NOT_KNOBS:
+                    raise RFConfigError(
+                        f"`{name}` describes the whole experiment and cannot be a knob; "
+                        "give one value."
+                    )
+                if isinstance(value, Range) and not _admits(tp, (int, float)):
+                    raise RFConfigError(
+                        f"`{name}` is not numeric ({tp}); a Range cannot set it. Use List([...])."
+                    )
+                knobs[name] = value
+            elif isinstance(value, (list, tuple)) and not _admits(tp, (list, tuple)):
+                raise RFConfigError(
+                    f"`{name}` takes a single value, got the plain list {value!r}. To compare "
+                    f"several values, write {name}=List({list(value)!r})."
+                )
+        return knobs
+
+    def _check_rf_fields(self, raw: dict[str, Any]) -> None:
+        chunks = raw["num_chunks"]
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+            raise RFConfigError(
+                f"`num_chunks` must be an integer >= 1, got {chunks!r}. Use e.g. num_chunks=4."
+            )
+        ratio = raw.get("warmup_ratio")
+        if ratio is not None and not is_knob(ratio):
+            _check_warmup_ratio(ratio, raw.get("warmup_steps"))
+        for name, removed in self._removed_options.items():
+            value = raw.get(name)
+            if any(value is h or value == h for h in removed.harmless):
+                if value is not None:
+                    warnings.warn(
+                        f"`{name}={value!r}` is ignored: {removed.message}",
+                        FutureWarning,
+                        stacklevel=4,
+                    )
+                continue
+            raise RFConfigError(f"`{name}={value!r}`: {removed.message}")
+
+    # ---- concrete configs ----------------------------------------------------------------------
+
+    @property
+    def knobs(self) -> dict[str, Knob]:
+        """The config fields that hold a knob, in field order."""
+        return dict(self._rf_knobs)
+
+    @property
+    def trl_config_class(self) -> type:
+        """The TRL class each run's concrete config is an instance of."""
+        return self._trl_parent
+
+    def _parent_kwargs(self, choices: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments of the TRL parent for one choice of every knob."""
+        kwargs: dict[str, Any] = {}
+        for name, value in self._rf_raw.items():
+            if name in self._rf_only_fields or name in self._removed_options:
+                continue
+            kwargs[name] = value
+        for name, value in choices.items():
+            if name not in self._rf_raw:
+                raise RFConfigError(f"{type(self).__name__} has no field `{name}`.")
+            kwargs[name] = value
+        for name in ("eval_strategy", "save_strategy"):
+            if kwargs[name] == CHUNK:
+                # TRL never sees "chunk": the engine does the chunk-time work itself.
+                kwargs[name] = "no"
+        ratio = choices.get("warmup_ratio", self._rf_raw.get("warmup_ratio"))
+        if ratio is not None:
+            _check_warmup_ratio(ratio, kwargs.get("warmup_steps"))
+            kwargs["warmup_steps"] = float(ratio)
+        return kwargs
+
+    def concrete_config(self, choices: Mapping[str, Any] | None = None, **overrides: Any) -> Any:
+        """Build the TRL config of one run.
+
+        Args:
+            choices: one value for each knob field (missing knobs are an error).
+            **overrides: further field values (e.g. a run's own ``output_dir``).
+
+        Returns:
+            An instance of the TRL parent class (``SFTConfig``, ``DPOConfig`` or ``GRPOConfig``).
+        """
+        choices = dict(choices or {})
+        missing = [k for k in self._rf_knobs if k not in choices and k not in overrides]
+        if missing:
+            raise RFConfigError(f"No value chosen for knob(s) {missing}.")
+        kwargs = self._parent_kwargs({**choices, **overrides})
+        kwargs = {k: _copied(v) for k, v in kwargs.items()}
+        with preserved_accelerate_state():
+            return self._trl_parent(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Like ``TrainingArguments.to_dict()``, with knobs written as ``{"List": [...]}`` /
+        ``{"Range": {...}}`` (the form YAML configs use)."""
+        out = super().to_dict()  # type: ignore[misc]
+        for name, knob in self._rf_knobs.items():
+            out[name] = knob.to_json()
+        return out
+
+
+def _check_warmup_ratio(ratio: Any, warmup_steps: Any) -> None:
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+        raise RFConfigError(
+            f"`warmup_ratio` must be a number in [0, 1), got {ratio!r}. In transformers 5 write "
+            "warmup_steps=<ratio> instead (values below 1 are ratios)."
+        )
+    if warmup_steps not in (None, 0, 0.0):
+        raise RFConfigError(
+            f"Both `warmup_ratio`={ratio!r} and `warmup_steps`={warmup_steps!r} are set. "
+            "Keep one: warmup_steps=<ratio below 1, or a step count>."
+        )
+
+
+def _first_value(knob: Knob) -> Any:
+    return knob.values[0] if isinstance(knob, List) else knob.low
+
+
+def _copied(value: Any) -> Any:
+    # TRL normalises some values in place (fsdp_config, lists): give every run its own copy.
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        return value
+
+
+# --------------------------------------------------------------------------------------------
+# The three public configs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RFSFTConfig(RFConfigMixin, SFTConfig):
+    """TRL's :class:`~trl.SFTConfig` whose fields may hold :class:`List` or :class:`Range` knobs.
+
+    Adds ``num_chunks`` and accepts ``eval_strategy="chunk"`` / ``save_strategy="chunk"``
+    (evaluate / checkpoint every run at every chunk end). Without knobs it behaves as
+    ``SFTConfig``: same defaults, same validation errors.
+
+    Example::
+
+        RFSFTConfig(output_dir="out", learning_rate=List([2e-4, 1e-5]),
+                    lr_scheduler_type=List(["linear", "cosine"]), num_chunks=4)
+    """
+
+    _trl_parent: ClassVar[type] = SFTConfig
+    eval_strategy: str = _strategy_field(SFTConfig, "eval_strategy")
+    save_strategy: str = _strategy_field(SFTConfig, "save_strategy")
+
+
+@dataclass
+class RFDPOConfig(RFConfigMixin, DPOConfig):
+    """TRL's :class:`~trl.DPOConfig` whose fields may hold knobs (see :class:`RFSFTConfig`).
+
+    Options TRL 1.x removed (``max_prompt_length``, ``max_completion_length``,
+    ``model_adapter_name``, ``ref_adapter_name``, ``force_use_ref_model``) are accepted only
+    with the value TRL now uses anyway; any other value is an error naming the replacement.
+    """
+
+    _trl_parent: ClassVar[type] = DPOConfig
+    _removed_options: ClassVar[dict[str, _Removed]] = _DPO_REMOVED
+    eval_strategy: str = _strategy_field(DPOConfig, "eval_strategy")
+    save_strategy: str = _strategy_field(DPOConfig, "save_strategy")
+    max_prompt_length: int | None = field(
+        default=None, metadata={"help": "Removed in TRL 1.x; use max_length."}
+    )
+    max_completion_length: int | None = field(
+        default=None, metadata={"help": "Removed in TRL 1.x; use max_length."}
+    )
+    model_adapter_name: str | None = field(
+        default=None, metadata={"help": "Removed in TRL 1.x: the active adapter is trained."}
+    )
+    ref_adapter_name: str | None = field(
+        default=None,
+        metadata={"help": "Removed in TRL 1.x: the reference is the base model, adapter disabled."},
+    )
+    force_use_ref_model: bool | None = field(
+        default=None, metadata={"help": "Removed in TRL 1.x: pass ref_model= to the trainer."}
+    )
+
+
+@dataclass
+class RFGRPOConfig(RFConfigMixin, GRPOConfig):
+    """TRL's :class:`~trl.GRPOConfig` whose fields may hold knobs (see :class:`RFSFTConfig`).
+
+    ``reward_weights`` may be a knob, usually zipped with the trainer-level ``reward_funcs``:
+    ``GridSearch(zip=[("reward_funcs", "reward_weights")])``. The removed ``max_prompt_length``
+    is an error naming what replaced it.
+    """
+
+    _trl_parent: ClassVar[type] = GRPOConfig
+    _removed_options: ClassVar[dict[str, _Removed]] = _GRPO_REMOVED
+    eval_strategy: str = _strategy_field(GRPOConfig, "eval_strategy")
+    save_strategy: str = _strategy_field(GRPOConfig, "save_strategy")
+    max_prompt_length: int | None = field(
+        default=None, metadata={"help": "Removed in TRL 1.x: prompts are not truncated."}
+    )

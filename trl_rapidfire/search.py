@@ -1,0 +1,282 @@
+"""The search: how knobs expand into runs.
+
+``GridSearch`` takes the cartesian product of every ``List``; ``RandomSearch`` draws each run's
+values at random. Both accept *zip groups*: knobs that move together instead of being crossed
+(reward-function sets with their weights, a model with its tokenizer).
+
+Expansion order is fixed and documented, so run names are stable across re-runs of a script:
+axes are the config's knob fields in dataclass field order, then the trainer-level knobs in the
+order they were passed; a zip group sits where its first member would; the last axis varies
+fastest. Runs are named ``run-0``, ``run-1``, ... in that order.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import random
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .configs import RFConfigError, RFConfigMixin
+from .knobs import Knob, KnobError, List, Range, is_knob
+from .preflight import PreflightError, check_run
+
+__all__ = ["Search", "GridSearch", "RandomSearch", "RunSpec", "SearchError"]
+
+
+class SearchError(ValueError):
+    """The search cannot expand these knobs. The message names the knob (and run) and the fix."""
+
+
+@dataclass
+class RunSpec:
+    """One run of a config group.
+
+    Attributes:
+        name: ``run-<index>``.
+        index: position in expansion order.
+        knobs: knob name -> the value chosen for this run, names exactly as the user wrote them
+            (config field names and trainer argument names). Only knobs, not fixed values.
+        config: the run's concrete TRL config (an ``SFTConfig``/``DPOConfig``/``GRPOConfig``).
+        trainer_kwargs: every trainer-level argument given to the search, with knobs resolved.
+    """
+
+    name: str
+    index: int
+    knobs: dict[str, Any]
+    config: Any
+    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """``learning_rate=0.0002, lr_scheduler_type='cosine'``: the knob values, for humans."""
+        return ", ".join(f"{k}={_short(v)}" for k, v in self.knobs.items()) or "(single config)"
+
+
+def _short(value: Any) -> str:
+    if callable(value) and hasattr(value, "__qualname__"):
+        return value.__qualname__
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_short(v) for v in value)
+        return f"[{inner}]"
+    if type(value).__name__ == "LoraConfig":
+        targets = sorted(value.target_modules) if value.target_modules else None
+        return f"LoraConfig(r={value.r}, alpha={value.lora_alpha}, targets={targets})"
+    return repr(value)
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """One dimension of the search: a single knob, or a zip group of Lists of equal length."""
+
+    names: tuple[str, ...]
+    knobs: tuple[Knob, ...]
+
+    @property
+    def is_range(self) -> bool:
+        return isinstance(self.knobs[0], Range)
+
+    def __len__(self) -> int:
+        return len(self.knobs[0])  # type: ignore[arg-type]
+
+    def values(self, draw: Any) -> dict[str, Any]:
+        """Knob values for one draw: an index into the Lists, or a sampled Range value."""
+        if self.is_range:
+            return {self.names[0]: draw}
+        return {n: k.values[draw] for n, k in zip(self.names, self.knobs)}  # type: ignore[union-attr]
+
+
+class Search:
+    """Common machinery of :class:`GridSearch` and :class:`RandomSearch`.
+
+    Args:
+        zip: groups of knob names whose ``List``s are paired element-wise instead of crossed,
+            e.g. ``[("reward_funcs", "reward_weights")]``. All Lists in a group must have the
+            same length.
+    """
+
+    def __init__(self, zip: Sequence[Sequence[str]] = ()):  # noqa: A002 - the public name
+        groups: list[tuple[str, ...]] = []
+        seen: set[str] = set()
+        for group in zip:
+            if isinstance(group, str) or not isinstance(group, Sequence) or len(group) < 2:
+                raise SearchError(
+                    f"zip takes groups of at least two knob names, e.g. "
+                    f'zip=[("reward_funcs", "reward_weights")]; got {group!r}.'
+                )
+            for name in group:
+                if name in seen:
+                    raise SearchError(f"Knob `{name}` appears in more than one zip group.")
+                seen.add(name)
+            groups.append(tuple(group))
+        self.zip_groups: tuple[tuple[str, ...], ...] = tuple(groups)
+
+    # ---- the part that differs between searches ----------------------------------------------
+
+    def _draws(self, axes: Sequence[_Axis]) -> list[tuple[Any, ...]]:  # pragma: no cover
+        raise NotImplementedError
+
+    # ---- expansion ----------------------------------------------------------------------------
+
+    def expand(self, rf_config: Any, **trainer_level: Any) -> list[RunSpec]:
+        """Expand a config group into its runs, validating every run before returning.
+
+        Args:
+            rf_config: an ``RFSFTConfig``/``RFDPOConfig``/``RFGRPOConfig`` (a plain TRL config is
+                taken as a single configuration).
+            **trainer_level: trainer arguments that may be knobs (``model``, ``peft_config``,
+                ``formatting_func``, ``reward_funcs``, ``processing_class``, ...). Plain values
+                are passed through unchanged to every run.
+
+        Raises:
+            SearchError: a knob cannot be searched this way, or a run's values are invalid (the
+                message names the run, its knob values and the field at fault).
+        """
+        config_knobs: Mapping[str, Knob] = (
+            rf_config.knobs if isinstance(rf_config, RFConfigMixin) else {}
+        )
+        clash = sorted(set(config_knobs) & set(trainer_level))
+        if clash:
+            raise SearchError(f"{clash} given both as config fields and as trainer arguments.")
+        all_knobs: dict[str, Knob] = dict(config_knobs)
+        all_knobs.update({k: v for k, v in trainer_level.items() if is_knob(v)})
+        axes = self._axes(all_knobs)
+
+        runs: list[RunSpec] = []
+        first_of: dict[tuple[Any, ...], str] = {}
+        for draw_no, draw in enumerate(self._draws(axes)):
+            key = tuple(draw)
+            if key in first_of:
+                warnings.warn(
+                    f"{type(self).__name__} draw {draw_no} is identical to {first_of[key]}; it is "
+                    "trained once.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                continue
+            chosen: dict[str, Any] = {}
+            for axis, d in zip(axes, draw):
+                chosen.update(axis.values(d))
+            # Report knobs in the order the user declared them, whatever the zip grouping.
+            knobs = {name: chosen[name] for name in all_knobs}
+            name = f"run-{len(runs)}"
+            first_of[key] = name
+            runs.append(self._build_run(name, len(runs), knobs, rf_config, trainer_level))
+        return runs
+
+    def _axes(self, knobs: Mapping[str, Knob]) -> list[_Axis]:
+        group_of = {name: group for group in self.zip_groups for name in group}
+        for group in self.zip_groups:
+            for name in group:
+                if name not in knobs:
+                    raise SearchError(
+                        f"zip names `{name}`, which is not a knob here: make it a List([...]) "
+                        "or remove it from zip."
+                    )
+                if not isinstance(knobs[name], List):
+                    raise SearchError(
+                        f"zip pairs Lists element-wise, but `{name}` is {knobs[name]!r}. "
+                        "Use a List of the same length as the other members."
+                    )
+            lengths = {name: len(knobs[name]) for name in group}  # type: ignore[arg-type]
+            if len(set(lengths.values())) > 1:
+                raise SearchError(
+                    f"Zipped Lists must have equal lengths, got {lengths}. Give each member one "
+                    "candidate per position."
+                )
+        axes: list[_Axis] = []
+        placed: set[tuple[str, ...]] = set()
+        for name in knobs:
+            group = group_of.get(name, (name,))
+            if group in placed:
+                continue
+            placed.add(group)
+            axes.append(_Axis(group, tuple(knobs[n] for n in group)))
+        return axes
+
+    def _build_run(
+        self,
+        name: str,
+        index: int,
+        knobs: dict[str, Any],
+        rf_config: Any,
+        trainer_level: Mapping[str, Any],
+    ) -> RunSpec:
+        trainer_kwargs = {k: knobs.get(k, v) for k, v in trainer_level.items()}
+        config_choices = {k: v for k, v in knobs.items() if k not in trainer_level}
+        desc = ", ".join(f"{k}={_short(v)}" for k, v in knobs.items())
+        where = f"{name} ({desc})" if desc else name
+        try:
+            if isinstance(rf_config, RFConfigMixin):
+                config = rf_config.concrete_config(config_choices)
+            else:
+                config = copy.deepcopy(rf_config)
+            check_run(config, trainer_kwargs)
+        except (RFConfigError, PreflightError, KnobError) as err:
+            raise SearchError(f"{where}: {err}") from err
+        except (ValueError, TypeError) as err:
+            # TRL's own validation error: keep its words, say which run and values caused it.
+            raise SearchError(f"{where}: {type(err).__name__}: {err}") from err
+        return RunSpec(name=name, index=index, knobs=knobs, config=config,
+                       trainer_kwargs=trainer_kwargs)
+
+
+class GridSearch(Search):
+    """Every combination of the ``List`` knobs (their cartesian product).
+
+    A ``Range`` has no finite set of values and is an error here; use :class:`RandomSearch`.
+
+    Example::
+
+        GridSearch().expand(RFSFTConfig(..., learning_rate=List([1e-4, 1e-3])),
+                            peft_config=List([lora_r8, lora_r16]))   # 4 runs
+        GridSearch(zip=[("reward_funcs", "reward_weights")])          # pair, don't cross
+    """
+
+    def _draws(self, axes: Sequence[_Axis]) -> list[tuple[Any, ...]]:
+        for axis in axes:
+            if axis.is_range:
+                raise SearchError(
+                    f"`{axis.names[0]}`={axis.knobs[0]!r} is a Range, which grid search cannot "
+                    "enumerate. Use RandomSearch(num_runs=...) or a List of values."
+                )
+        return list(itertools.product(*(range(len(axis)) for axis in axes)))
+
+    def __repr__(self) -> str:
+        return f"GridSearch(zip={list(self.zip_groups)!r})" if self.zip_groups else "GridSearch()"
+
+
+class RandomSearch(Search):
+    """``num_runs`` draws: each ``List`` uniformly, each ``Range`` uniformly (log-uniformly with
+    ``log=True``). Deterministic given ``seed``. Identical draws are reported and trained once.
+
+    Args:
+        num_runs: how many draws (>= 1).
+        seed: seed of the search's own random generator (independent of training seeds).
+        zip: as for :class:`GridSearch`.
+    """
+
+    def __init__(self, num_runs: int, seed: int = 0, zip: Sequence[Sequence[str]] = ()):  # noqa: A002
+        if isinstance(num_runs, bool) or not isinstance(num_runs, int) or num_runs < 1:
+            raise SearchError(f"RandomSearch needs num_runs >= 1, got {num_runs!r}.")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise SearchError(f"RandomSearch seed must be an integer, got {seed!r}.")
+        super().__init__(zip=zip)
+        self.num_runs = num_runs
+        self.seed = seed
+
+    def _draws(self, axes: Sequence[_Axis]) -> list[tuple[Any, ...]]:
+        rng = random.Random(self.seed)
+        draws = []
+        for _ in range(self.num_runs):
+            draws.append(
+                tuple(axis.knobs[0].sample(rng) if axis.is_range else rng.randrange(len(axis))
+                      for axis in axes)
+            )
+        return draws
+
+    def __repr__(self) -> str:
+        zipped = f", zip={list(self.zip_groups)!r}" if self.zip_groups else ""
+        return f"RandomSearch(num_runs={self.num_runs}, seed={self.seed}{zipped})"
