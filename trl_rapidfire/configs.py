@@ -372,7 +372,8 @@ class RFConfigMixin:
         for name, value in choices.items():
             if name not in self._rf_raw:
                 raise RFConfigError(f"{type(self).__name__} has no field `{name}`.")
-            kwargs[name] = value
+            if name not in self._rf_only_fields:
+                kwargs[name] = value
         for name in ("eval_strategy", "save_strategy"):
             if kwargs[name] == CHUNK:
                 # TRL never sees "chunk": the engine does the chunk-time work itself.
