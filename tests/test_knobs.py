@@ -94,31 +94,6 @@ def test_list_error_is_a_value_error():
     assert issubclass(KnobError, ValueError)
 
 
-@pytest.mark.parametrize(
-    "values",
-    [
-        [1e-4, 1e-4],
-        [1e-4, 3e-4, 1e-4],
-        ["cosine", "linear", "cosine"],
-        [reward_a, reward_a],
-        [[reward_a, reward_b], [reward_a, reward_b]],
-        [LoraConfig(r=8, target_modules=["q_proj"]), LoraConfig(r=8, target_modules=["q_proj"])],
-    ],
-    ids=["floats", "floats-apart", "strings", "functions", "function-lists", "lora-configs"],
-)
-def test_duplicate_candidates_are_an_error(values):
-    with pytest.raises(KnobError, match="twice"):
-        List(values)
-
-
-def test_duplicate_error_names_the_value_and_positions():
-    with pytest.raises(KnobError) as err:
-        List([1e-4, 3e-4, 1e-4])
-    message = str(err.value)
-    assert "0.0001" in message
-    assert "positions 0 and 2" in message
-
-
 def test_equal_values_of_different_types_are_not_duplicates():
     assert List([1, 1.0]).values == (1, 1.0)
     assert [type(v) for v in List([1, 1.0])] == [int, float]
@@ -294,11 +269,6 @@ def test_range_rejects_unknown_dtype(dtype):
         Range(0, 1, dtype=dtype)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Range rejects numpy scalar bounds (isinstance(b, (int, float)) is False for "
-    "np.int64/np.float32); knobs.py Range.__init__ should accept numbers.Real (not bool).",
-)
 def test_range_accepts_numpy_scalar_bounds():
     knob = Range(np.int64(1), np.int64(10), dtype=int)
     assert (knob.low, knob.high) == (1, 10)
@@ -345,9 +315,7 @@ def test_knob_from_json_list_and_range_forms():
     assert short.to_json() == {"Range": {"low": 1e-5, "high": 1e-3}}
     assert knob_from_json({"Range": (0, 1)}) == Range(0.0, 1.0)
 
-    assert knob_from_json({"Range": {"low": 0.1, "high": 0.5, "dtype": "float"}}) == Range(
-        0.1, 0.5
-    )
+    assert knob_from_json({"Range": {"low": 0.1, "high": 0.5, "dtype": "float"}}) == Range(0.1, 0.5)
     assert knob_from_json({"Range": {"low": 0.1, "high": 0.5, "log": False}}) == Range(0.1, 0.5)
 
 
@@ -392,7 +360,6 @@ def test_knob_from_json_passes_knobs_through_as_none():
         ({"List": []}, "no candidates"),
         ({"List": "abc"}, "takes a sequence"),
         ({"List": 3}, "takes a sequence"),
-        ({"List": [1, 1]}, "twice"),
         ({"Range": {"low": 1}}, "needs keys low, high"),
         ({"Range": {"high": 1}}, "needs keys low, high"),
         ({"Range": {"low": 0, "high": 1, "step": 0.1}}, "needs keys low, high"),
@@ -414,11 +381,6 @@ def test_knob_from_json_bad_specs_raise(spec, match):
         knob_from_json(spec)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='BUG: knob_from_json reads "log" with bool(), so the string "false" (or "no") turns '
-    "log sampling ON; a non-bool log should be a KnobError (knobs.py knob_from_json).",
-)
 def test_knob_from_json_rejects_non_bool_log():
     with pytest.raises(KnobError, match="log"):
         knob_from_json({"Range": {"low": 0.1, "high": 1.0, "log": "false"}})

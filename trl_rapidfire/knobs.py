@@ -15,11 +15,12 @@ MLflow params and ``to_dict()``). How knobs combine into runs is the job of ``se
 from __future__ import annotations
 
 import math
+import numbers
 import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["Knob", "List", "Range", "KnobError", "is_knob", "knob_from_json"]
+__all__ = ["Knob", "List", "Range", "KnobError", "is_knob", "knob_from_json", "same_value"]
 
 
 class KnobError(ValueError):
@@ -36,7 +37,7 @@ class Knob:
         raise NotImplementedError
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     """Equality that tolerates objects whose ``==`` is not a bool (arrays, tensors)."""
     if a is b:
         return True
@@ -54,8 +55,8 @@ class List(Knob):
     (``List([[f1, f2], [f1]])`` for two sets of reward functions).
 
     Raises:
-        KnobError: if ``values`` is empty, is not a sequence, or holds the same candidate twice
-            (a grid would then train one configuration twice).
+        KnobError: if ``values`` is empty or is not a sequence. (A candidate given twice is
+            reported by the search, which alone knows whether the List is zipped.)
     """
 
     __slots__ = ("_values",)
@@ -71,14 +72,8 @@ class List(Knob):
             raise KnobError(
                 "List([]) has no candidates. Give at least one value, e.g. List([1e-4])."
             )
-        for i, v in enumerate(values):
-            for j in range(i):
-                if _same(values[j], v):
-                    raise KnobError(
-                        f"List holds the candidate {v!r} twice (positions {j} and {i}); "
-                        "each candidate must be distinct, or one configuration would be trained "
-                        "twice."
-                    )
+        # Repeated candidates are checked by the search, per axis: a List zipped with another
+        # may legitimately repeat a value (one reward set paired with two weightings).
         self._values = values
 
     @property
@@ -99,7 +94,7 @@ class List(Knob):
         return (
             isinstance(other, List)
             and len(other) == len(self)
-            and all(_same(a, b) for a, b in zip(self._values, other._values))
+            and all(same_value(a, b) for a, b in zip(self._values, other._values))
         )
 
     def __hash__(self) -> int:
@@ -139,13 +134,15 @@ class Range(Knob):
 
     def __init__(self, low: float, high: float, *, log: bool = False, dtype: type = float):
         for name, bound in (("low", low), ("high", high)):
-            if isinstance(bound, bool) or not isinstance(bound, (int, float)) or math.isnan(bound):
+            if isinstance(bound, bool) or not isinstance(bound, numbers.Real) or math.isnan(bound):
                 raise KnobError(
                     f"Range {name} must be a number, got {type(bound).__name__} {bound!r}. "
                     "Write e.g. Range(1e-5, 1e-3, log=True)."
                 )
             if math.isinf(bound):
                 raise KnobError(f"Range {name} must be finite, got {bound!r}.")
+        if not isinstance(log, bool):
+            raise KnobError(f"Range log must be True or False, got {log!r}.")
         if dtype not in (int, float):
             raise KnobError(f"Range dtype must be int or float, got {dtype!r}.")
         if dtype is int and (low != int(low) or high != int(high)):
@@ -161,8 +158,8 @@ class Range(Knob):
             raise KnobError(
                 f"Range(..., log=True) samples log-uniformly and needs low > 0, got low={low!r}."
             )
-        self.low = dtype(low)
-        self.high = dtype(high)
+        self.low = float(low) if dtype is float else int(low)
+        self.high = float(high) if dtype is float else int(high)
         self.log = bool(log)
         self.dtype = dtype
 
@@ -193,10 +190,14 @@ class Range(Knob):
             # Integers in [low, high]: draw in log space over [low, high + 1) and floor, so
             # every integer gets the log-mass of its unit interval.
             x = math.exp(rng.uniform(math.log(self.low), math.log(self.high + 1)))
-            return min(int(math.floor(x)), int(self.high))
+            # exp(log(x)) can round just below an integer bound: clamp to [low, high].
+            return max(int(self.low), min(int(math.floor(x)), int(self.high)))
         if self.log:
-            return math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
-        return rng.uniform(self.low, self.high)
+            x = math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
+        else:
+            x = rng.uniform(self.low, self.high)
+        # Keep the documented [low, high): rounding can land on or beyond either end.
+        return min(max(x, self.low), math.nextafter(self.high, -math.inf))
 
     def to_json(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"low": self.low, "high": self.high}
@@ -249,7 +250,7 @@ def knob_from_json(value: Any) -> Knob | None:
                     "Range spec needs keys low, high (and optionally log, dtype); "
                     f"got {sorted(value['Range'])}."
                 )
-            return Range(spec["low"], spec["high"], log=bool(spec.get("log", False)),
+            return Range(spec["low"], spec["high"], log=spec.get("log", False),
                          dtype=int if dtype == "int" else float)
         if isinstance(spec, (list, tuple)) and len(spec) == 2:
             return Range(spec[0], spec[1])

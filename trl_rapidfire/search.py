@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .configs import RFConfigError, RFConfigMixin
-from .knobs import Knob, KnobError, List, Range, is_knob
+from .knobs import Knob, KnobError, List, Range, is_knob, same_value
 from .preflight import PreflightError, check_run
 
 __all__ = ["Search", "GridSearch", "RandomSearch", "RunSpec", "SearchError"]
@@ -86,6 +86,21 @@ class _Axis:
         if self.is_range:
             return {self.names[0]: draw}
         return {n: k.values[draw] for n, k in zip(self.names, self.knobs)}  # type: ignore[union-attr]
+
+
+def _check_distinct(axis: _Axis) -> None:
+    """Two positions of an axis with the same values would train one configuration twice."""
+    if axis.is_range:
+        return
+    for i in range(len(axis)):
+        for j in range(i):
+            if all(same_value(k.values[i], k.values[j]) for k in axis.knobs):  # type: ignore[union-attr]
+                names = " and ".join(f"`{n}`" for n in axis.names)
+                shown = ", ".join(_short(k.values[i]) for k in axis.knobs)  # type: ignore[union-attr]
+                raise SearchError(
+                    f"{names} holds the candidate {shown} twice (positions {j} and {i}); each "
+                    "candidate must be distinct, or one configuration would be trained twice."
+                )
 
 
 class Search:
@@ -193,7 +208,9 @@ class Search:
             if group in placed:
                 continue
             placed.add(group)
-            axes.append(_Axis(group, tuple(knobs[n] for n in group)))
+            axis = _Axis(group, tuple(knobs[n] for n in group))
+            _check_distinct(axis)
+            axes.append(axis)
         return axes
 
     def _build_run(
