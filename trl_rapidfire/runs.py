@@ -1,0 +1,141 @@
+"""The run state machine, written down in one place.
+
+A run is one configuration of a config group. Its status moves only along the transitions in
+:data:`TRANSITIONS`; everything that changes a status (the scheduler, control ops, policies,
+crash recovery) goes through :func:`transition`, so an impossible move is an error that names
+both states instead of a silent corruption of the experiment.
+
+::
+
+    PENDING ──first chunk claimed──> RUNNING ──last chunk done──> COMPLETED
+       │  ╲                            │  ╲──────error───────────> FAILED
+       │   ╲──stop──> STOPPED <──stop──┘
+       │               │  ╲──resume──> PENDING (never trained) | RUNNING (trained some chunks)
+       └──delete──> DELETED <──delete── (any state but DELETED)
+
+RUNNING means *in the rotation*: the run has trained at least one chunk and will get more
+turns. Whether a worker is training it at this instant is a claim held in the shared store, not
+a status, so a crashed worker never leaves a run stuck in a state nobody can leave.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "RunStatus",
+    "TRANSITIONS",
+    "IllegalTransition",
+    "transition",
+    "RunState",
+]
+
+
+class RunStatus(enum.StrEnum):
+    """Where a run is in its life. The values are what MLflow tags and the CLI show."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    COMPLETED = "completed"
+    DELETED = "deleted"
+    FAILED = "failed"
+
+    @property
+    def schedulable(self) -> bool:
+        """Whether the scheduler may give this run its next chunk."""
+        return self in (RunStatus.PENDING, RunStatus.RUNNING)
+
+    @property
+    def terminal(self) -> bool:
+        """No transition leads out of this status except (for some) deletion."""
+        return self in (RunStatus.COMPLETED, RunStatus.DELETED, RunStatus.FAILED)
+
+
+_S = RunStatus
+TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    _S.PENDING: frozenset({_S.RUNNING, _S.STOPPED, _S.DELETED, _S.FAILED}),
+    _S.RUNNING: frozenset({_S.COMPLETED, _S.FAILED, _S.STOPPED, _S.DELETED}),
+    _S.STOPPED: frozenset({_S.PENDING, _S.RUNNING, _S.DELETED}),
+    # A finished or failed run can still be deleted from the comparison; nothing else.
+    _S.COMPLETED: frozenset({_S.DELETED}),
+    _S.FAILED: frozenset({_S.DELETED}),
+    _S.DELETED: frozenset(),
+}
+"""Allowed moves: ``TRANSITIONS[current]`` is the set of statuses ``current`` may move to."""
+
+
+class IllegalTransition(ValueError):
+    """A status change the state machine does not allow (e.g. resuming a completed run)."""
+
+
+def transition(current: RunStatus, new: RunStatus, *, run: str = "run") -> RunStatus:
+    """Check the move ``current -> new`` and return ``new``.
+
+    Raises:
+        IllegalTransition: naming the run, both statuses and the moves that are allowed.
+    """
+    current, new = RunStatus(current), RunStatus(new)
+    if new not in TRANSITIONS[current]:
+        allowed = ", ".join(sorted(s.value for s in TRANSITIONS[current])) or "none"
+        raise IllegalTransition(
+            f"{run} is {current.value} and cannot become {new.value} (allowed: {allowed})."
+        )
+    return new
+
+
+@dataclass
+class RunState:
+    """What the scheduler knows about one run (no tensors: those live in the state cache).
+
+    Attributes:
+        name: ``run-<n>``; clones get fresh names.
+        knobs: the run's knob values in a JSON-friendly form (for tables, tags and the store).
+        status: see :class:`RunStatus`.
+        chunks_done: chunks trained so far, over all epochs.
+        global_step: optimizer steps done (the trainer's ``state.global_step``).
+        error: why the run failed, when it did.
+        parent: the run this one was cloned from, if any.
+        warm_start: whether a clone started from its parent's weights.
+    """
+
+    name: str
+    knobs: dict[str, Any] = field(default_factory=dict)
+    status: RunStatus = RunStatus.PENDING
+    chunks_done: int = 0
+    global_step: int = 0
+    error: str | None = None
+    parent: str | None = None
+    warm_start: bool = False
+
+    def move(self, new: RunStatus) -> None:
+        """Change status along an allowed transition (see :func:`transition`)."""
+        self.status = transition(self.status, new, run=self.name)
+
+    def resume(self) -> None:
+        """Bring a stopped run back into the rotation, where it left off."""
+        self.move(RunStatus.RUNNING if self.chunks_done else RunStatus.PENDING)
+
+    def fail(self, error: str) -> None:
+        """Mark the run failed and keep why."""
+        self.move(RunStatus.FAILED)
+        self.error = error
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-friendly dict (status as its string value)."""
+        return {
+            "name": self.name, "knobs": self.knobs, "status": self.status.value,
+            "chunks_done": self.chunks_done, "global_step": self.global_step,
+            "error": self.error, "parent": self.parent, "warm_start": self.warm_start,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunState:
+        """Inverse of :meth:`to_json`; unknown keys are an error (a store from a newer version)."""
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"Unknown run-state keys {sorted(unknown)}.")
+        return cls(**{**data, "status": RunStatus(data.get("status", "pending"))})
