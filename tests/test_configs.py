@@ -339,3 +339,21 @@ def test_dataclass_fields_are_those_of_the_parent_plus_ours():
     rf = {f.name for f in dataclasses.fields(RFSFTConfig)}
     trl = {f.name for f in dataclasses.fields(SFTConfig)}
     assert rf - trl == RF_ONLY and trl <= rf
+
+
+def test_replace_deepcopy_and_pickle_keep_what_the_user_wrote(cpu):
+    import copy
+    import pickle
+
+    with pytest.warns(FutureWarning):
+        cfg = RFSFTConfig(**cpu, learning_rate=List([1e-4, 3e-4]), eval_strategy="chunk",
+                          warmup_ratio=0.1, num_chunks=3)
+    with pytest.warns(FutureWarning):
+        changed = dataclasses.replace(cfg, learning_rate=List([5e-4, 1e-3]))
+    assert changed.learning_rate == List([5e-4, 1e-3]) and changed.eval_strategy == "chunk"
+    assert changed.warmup_ratio == 0.1 and changed.num_chunks == 3
+    assert [r.config.learning_rate for r in GridSearch().expand(changed)] == [5e-4, 1e-3]
+    for other in (copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
+        assert other.to_dict() == cfg.to_dict()
+        assert other.concrete_config({"learning_rate": 3e-4}).to_dict() == \
+            cfg.concrete_config({"learning_rate": 3e-4}).to_dict()
