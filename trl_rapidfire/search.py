@@ -289,7 +289,8 @@ class RandomSearch(Search):
         draws = []
         for _ in range(self.num_runs):
             draws.append(
-                tuple(axis.knobs[0].sample(rng) if axis.is_range else rng.randrange(len(axis))
+                tuple(axis.knobs[0].sample(rng) if axis.is_range
+                      else axis.knobs[0].sample_index(rng)  # type: ignore[union-attr]
                       for axis in axes)
             )
         return draws
