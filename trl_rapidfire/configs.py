@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import types
 import typing
 import warnings
 from collections.abc import Mapping
@@ -59,10 +60,8 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 def _type_members(tp: Any) -> tuple[Any, ...]:
-    origin = typing.get_origin(tp)
-    if origin is typing.Union or (origin is not None and origin.__class__.__name__ == "UnionType"):
-        return typing.get_args(tp)
-    if tp.__class__.__name__ == "UnionType":
+    """The members of a union annotation (``X | None``, ``Union[X, Y]``), else ``(tp,)``."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return typing.get_args(tp)
     return (tp,)
 
@@ -279,13 +278,9 @@ class RFConfigMixin:
         representative = {name: _first_value(knob) for name, knob in knobs.items()}
         for name, value in self._parent_kwargs(representative).items():
             object.__setattr__(self, name, _copied(value))
-        for name in self._rf_only_fields - {"num_chunks"}:
-            object.__setattr__(self, name, None)
         try:
             with preserved_accelerate_state():
                 self._trl_parent.__post_init__(self)
-        except RFConfigError:
-            raise
         except (ValueError, TypeError) as err:
             if not knobs:
                 raise
@@ -293,7 +288,7 @@ class RFConfigMixin:
             raise type(err)(f"{err} (checked with the first value of each knob: {chosen})") from err
         finally:
             # Read back what the user wrote: knobs, "chunk", the warm-up ratio.
-            restore = [*knobs, "warmup_ratio"]
+            restore = list(knobs)
             restore += [n for n in ("eval_strategy", "save_strategy") if raw[n] == CHUNK]
             if raw["warmup_ratio"] is not None:
                 restore.append("warmup_steps")
