@@ -131,9 +131,16 @@ def test_experiment_fields_cannot_be_knobs(cpu, field):
         RFSFTConfig(**kwargs)
 
 
-def test_range_on_a_non_numeric_field_is_an_error(cpu):
-    with pytest.raises(RFConfigError, match="lr_scheduler_type.*List"):
-        RFSFTConfig(**cpu, lr_scheduler_type=Range(1, 2))
+@pytest.mark.parametrize("field", ["lr_scheduler_type", "packing", "bf16"])
+def test_range_on_a_non_numeric_field_is_an_error(cpu, field):
+    with pytest.raises(RFConfigError, match=f"{field}.*List"):
+        RFSFTConfig(**{**cpu, field: Range(0, 1)})
+
+
+def test_range_on_numeric_fields_is_accepted(cpu):
+    cfg = RFSFTConfig(**cpu, learning_rate=Range(1e-5, 1e-3), warmup_steps=Range(0.0, 0.2),
+                      per_device_train_batch_size=Range(2, 8, dtype=int))
+    assert set(cfg.knobs) == {"learning_rate", "warmup_steps", "per_device_train_batch_size"}
 
 
 # ---- warmup_ratio (removed in transformers 5) --------------------------------------------------

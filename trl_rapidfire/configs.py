@@ -77,6 +77,14 @@ def _admits(tp: Any, kinds: tuple[type, ...]) -> bool:
     return False
 
 
+def _numeric(tp: Any) -> bool:
+    """Whether a Range may set a field annotated ``tp`` (numbers, but not flags: bool is an int)."""
+    return any(
+        isinstance(m, type) and issubclass(m, (int, float)) and m is not bool
+        for m in _type_members(tp)
+    ) or typing.Any in _type_members(tp)
+
+
 # --------------------------------------------------------------------------------------------
 # Options TRL removed or renamed since the seed's examples were written
 # --------------------------------------------------------------------------------------------
@@ -312,7 +320,7 @@ class RFConfigMixin:
                         f"`{name}` describes the whole experiment and cannot be a knob; "
                         "give one value."
                     )
-                if isinstance(value, Range) and not _admits(tp, (int, float)):
+                if isinstance(value, Range) and not _numeric(tp):
                     raise RFConfigError(
                         f"`{name}` is not numeric ({tp}); a Range cannot set it. Use List([...])."
                     )
