@@ -11,10 +11,25 @@ from .search import GridSearch, RandomSearch, RunSpec, SearchError
 
 __version__ = "0.1.0"
 
+_LAZY = {"RFSFTTrainer": "trainers", "RunResult": "results", "ChunkRecord": "schedule"}
+
+
+def __getattr__(name: str):
+    # The trainers import TRL's trainer stack (seconds); configs and knobs do not need it.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "RFSFTConfig",
     "RFDPOConfig",
     "RFGRPOConfig",
+    "RFSFTTrainer",
+    "RunResult",
+    "ChunkRecord",
     "List",
     "Range",
     "GridSearch",

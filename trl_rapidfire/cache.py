@@ -469,16 +469,24 @@ class StateCache:
 
     # ------------------------------------------------------------------ updates
 
-    def put(self, key: str, tree: Any) -> None:
-        """Store a copy of ``tree`` under ``key``, replacing any entry of that key.
+    def put(self, key: str, tree: Any, *, copy: bool = True) -> None:
+        """Store ``tree`` under ``key``, replacing any entry of that key.
 
-        Tensors are copied to host memory, so the caller may go on changing its own. Raises
+        Tensors are copied to host memory, so the caller may go on changing its own. With
+        ``copy=False`` the caller hands its tensors over instead: host tensors that need no
+        pinning are kept as they are (no copy), others are still copied to the host. Raises
         ``TypeError`` (and stores nothing) if the tree holds something that cannot be stored.
         """
         if not isinstance(key, str):
             raise TypeError(f"keys are run names (str), got {type(key).__name__}")
         pin = self.pin_memory
-        copied = _copy_tree(tree, "tree", lambda t: _host_copy(t, pin))
+
+        def to_host(t: torch.Tensor) -> torch.Tensor:
+            if not copy and not pin and t.device.type == "cpu":
+                return t.detach()
+            return _host_copy(t, pin)
+
+        copied = _copy_tree(tree, "tree", to_host)
         if key in self._entries:
             self._drop(key)
         nbytes = _tree_nbytes(copied)

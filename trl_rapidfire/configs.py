@@ -42,7 +42,7 @@ CHUNK = "chunk"
 """The trl-rapidfire value of ``eval_strategy``/``save_strategy``: act at every chunk end."""
 
 # Fields that describe the experiment, not one run: a knob here would make no sense.
-_NOT_KNOBS = frozenset({"output_dir", "num_chunks"})
+_NOT_KNOBS = frozenset({"output_dir", "num_chunks", "cache_budget_bytes"})
 
 
 class RFConfigError(ValueError):
@@ -251,6 +251,14 @@ class RFConfigMixin:
             "chunk boundaries."
         },
     )
+    cache_budget_bytes: int = field(
+        default=4 * 2**30,
+        metadata={
+            "help": "Host-memory budget (bytes) of the state cache that holds swapped-out runs' "
+            "adapters and optimizer states; beyond it, least recently used entries spill to "
+            "<output_dir>/.rapidfire/cache on disk."
+        },
+    )
     warmup_ratio: float | None = field(
         default=None,
         metadata={
@@ -261,7 +269,9 @@ class RFConfigMixin:
 
     _trl_parent: ClassVar[type]
     _removed_options: ClassVar[dict[str, _Removed]] = {}
-    _rf_only_fields: ClassVar[frozenset[str]] = frozenset({"num_chunks", "warmup_ratio"})
+    _rf_only_fields: ClassVar[frozenset[str]] = frozenset(
+        {"num_chunks", "warmup_ratio", "cache_budget_bytes"}
+    )
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -337,6 +347,12 @@ class RFConfigMixin:
         if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
             raise RFConfigError(
                 f"`num_chunks` must be an integer >= 1, got {chunks!r}. Use e.g. num_chunks=4."
+            )
+        budget = raw["cache_budget_bytes"]
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise RFConfigError(
+                f"`cache_budget_bytes` must be an integer >= 0, got {budget!r}. "
+                "Use e.g. cache_budget_bytes=4 * 2**30 (4 GiB); 0 keeps parked runs on disk."
             )
         ratio = raw.get("warmup_ratio")
         if ratio is not None and not is_knob(ratio):

@@ -1,0 +1,427 @@
+"""The chunk engine: trains many runs in one process, one chunk at a time, each exactly as if
+it were trained alone.
+
+Each run is a live Trainer whose ``train()`` runs in its own thread (see
+:mod:`trl_rapidfire.switch`). The engine's loop, on the calling thread, repeats:
+
+1. ask the scheduler (:func:`~trl_rapidfire.scheduler.pick_next`) which run goes next;
+2. *switch in*: park the previous run's tensors in the state cache and unpark this run's
+   (:mod:`trl_rapidfire.residency`), activate its adapter, give it back its RNG streams and
+   accelerate state;
+3. hand it the baton; its :class:`ChunkCallback` hands the baton back at the next chunk
+   boundary (or the run ends, or fails);
+4. *switch out*: save its RNG streams and accelerate state, record the chunk in the schedule.
+
+The engine knows nothing of SFT, DPO or GRPO: the trainer layer builds each run's Trainer and
+registers it with :meth:`Engine.add_run`.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from .accelerate_state import restore_accelerate_state, snapshot_accelerate_state
+from .cache import StateCache
+from .chunks import ChunkPlan, plan_chunks, training_steps
+from .models import ModelGroup
+from .progress import ExperimentProgress
+from .residency import Residency
+from .results import RunResult, latest_metrics
+from .runs import RunState, RunStatus
+from .schedule import ChunkRecord, write_schedule_csv
+from .scheduler import RunView, pick_next
+from .switch import Aborted, Baton, RngState
+
+__all__ = ["ChunkCallback", "Engine", "EngineStats", "RunSlot", "RunFailure"]
+
+
+class RunFailure(RuntimeError):
+    """Every run of the experiment failed; the message lists each run's error."""
+
+
+@dataclass
+class EngineStats:
+    """Where the experiment's wall time went (seconds).
+
+    ``compute`` is time the runs spent inside their own turns (training steps, their logging,
+    evaluation and saving); ``switching`` is the rest of the loop: parking and unparking state,
+    restoring RNG and accelerate state, thread hand-offs, scheduling and bookkeeping.
+    """
+
+    wall: float = 0.0
+    compute: float = 0.0
+    turns: int = 0
+
+    @property
+    def switching(self) -> float:
+        return max(self.wall - self.compute, 0.0)
+
+
+@dataclass
+class RunSlot:
+    """The engine's live record of one run (the trainer and everything it must not lose)."""
+
+    name: str
+    index: int
+    knobs: dict[str, Any]
+    trainer: Any
+    group: ModelGroup
+    adapter: str | None
+    residency: Residency
+    plan: ChunkPlan
+    run_dir: Path
+    chunk_eval: bool = False
+    chunk_save: bool = False
+    state: RunState = field(default=None)  # type: ignore[assignment]
+    rng: RngState | None = None
+    accelerate: list[dict[str, Any]] | None = None
+    thread: threading.Thread | None = None
+    finished: bool = False
+    error: str | None = None
+    error_traceback: str | None = None
+    train_output: Any = None
+    compute_seconds: float = 0.0
+    _resumed_at: float = 0.0
+    _yielded_at: set[int] = field(default_factory=set)
+    _eval_rng: RngState | None = None
+
+    def __post_init__(self) -> None:
+        if self.state is None:
+            self.state = RunState(name=self.name, knobs=dict(self.knobs))
+
+    @property
+    def boundaries(self) -> tuple[int, ...]:
+        return self.plan.boundaries
+
+    @property
+    def final_dir(self) -> Path:
+        return self.run_dir / "final"
+
+    def result(self) -> RunResult:
+        if self.trainer is None:  # failed before its trainer existed
+            return RunResult(self.name, dict(self.knobs), self.state.status, 0,
+                             str(self.run_dir), {}, self.error)
+        metrics = latest_metrics(self.trainer.state.log_history)
+        if self.train_output is not None:
+            metrics.update(
+                {k: v for k, v in (self.train_output.metrics or {}).items()
+                 if isinstance(v, (int, float))}
+            )
+        return RunResult(
+            name=self.name,
+            knobs=dict(self.knobs),
+            status=self.state.status,
+            global_step=int(self.trainer.state.global_step),
+            output_dir=str(self.run_dir),
+            metrics=metrics,
+            error=self.error,
+        )
+
+
+class ChunkCallback(TrainerCallback):
+    """Added to every run's trainer: ends the run's turn at each chunk boundary.
+
+    The turn ends at the first ``on_step_begin`` after a boundary, so everything the boundary
+    step triggers (logging, evaluation, checkpoints, epoch-end work) happens in the run's own
+    turn. A chunk boundary is not an epoch end: the callback never touches epoch control.
+    """
+
+    def __init__(self, engine: Engine, slot: RunSlot) -> None:
+        self.engine = engine
+        self.slot = slot
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        slot = self.slot
+        if state.max_steps != slot.plan.total_steps and train_dataloader is not None:
+            # The dataloader is the truth (e.g. a sampler that drops batches): re-plan from it.
+            slot.plan = self.engine.plan_for(
+                slot.name, len(train_dataloader), args, total_steps=state.max_steps
+            )
+            self.engine.replanned()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        slot = self.slot
+        step = state.global_step
+        if step in slot.plan.boundaries and step not in slot._yielded_at:
+            slot._yielded_at.add(step)
+            self.engine.end_turn(slot)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        slot = self.slot
+        if state.global_step in slot.plan.boundaries:
+            if slot.chunk_eval:
+                control.should_evaluate = True
+                # Evaluation must not move the run's random streams.
+                slot._eval_rng = RngState.capture()
+            if slot.chunk_save:
+                control.should_save = True
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if self.slot._eval_rng is not None:
+            self.slot._eval_rng.restore()
+            self.slot._eval_rng = None
+
+
+class Engine:
+    """Runs the registered runs chunk by chunk until each is completed or failed.
+
+    Args:
+        output_dir: the experiment folder (``schedule.csv`` and ``runs/<name>/`` go here).
+        cache: where parked run state lives.
+        progress: show the progress bar and the runs table at chunk boundaries.
+        worker: this worker's id, recorded in the schedule.
+    """
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        cache: StateCache,
+        *,
+        progress: bool = True,
+        worker: int = 0,
+        save_final: Callable[[RunSlot], None] | None = None,
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.cache = cache
+        self.worker = worker
+        self.slots: dict[str, RunSlot] = {}
+        self.schedule: list[ChunkRecord] = []
+        self.stats = EngineStats()
+        self.baton = Baton()
+        self._progress_enabled = progress
+        self._progress: ExperimentProgress | None = None
+        self._resident: RunSlot | None = None
+        self._save_final = save_final or (lambda slot: slot.trainer.save_model(str(slot.final_dir)))
+
+    # ------------------------------------------------------------------ building
+
+    @staticmethod
+    def plan_for(
+        name: str, num_batches: int, args: Any, *, total_steps: int | None = None
+    ) -> ChunkPlan:
+        """The chunk plan of a run whose dataloader has ``num_batches`` batches per epoch."""
+        num_chunks = getattr(args, "_rf_num_chunks", 1)
+        spe, total = training_steps(
+            num_batches, args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps
+        )
+        return plan_chunks(spe, total_steps or total, num_chunks, run=name)
+
+    def add_run(
+        self,
+        *,
+        name: str,
+        index: int,
+        knobs: dict[str, Any],
+        trainer: Any,
+        group: ModelGroup,
+        adapter: str | None,
+        params: Sequence[torch.nn.Parameter],
+        num_chunks: int,
+        run_dir: Path,
+        chunk_eval: bool = False,
+        chunk_save: bool = False,
+    ) -> RunSlot:
+        """Register a freshly built trainer as a run.
+
+        Call right after building the trainer: its RNG streams and accelerate's state are
+        captured now, as the run's starting point (what they would be in a script that built
+        this trainer alone and then called ``train()``).
+        """
+        args = trainer.args
+        args._rf_num_chunks = num_chunks
+        dataset = trainer.train_dataset
+        if hasattr(dataset, "__len__"):
+            batch = args.per_device_train_batch_size
+            n = len(dataset)
+            num_batches = n // batch if args.dataloader_drop_last else math.ceil(n / batch)
+        else:
+            num_batches = max(args.max_steps, 1) * args.gradient_accumulation_steps
+        plan = self.plan_for(name, num_batches, args)
+        slot = RunSlot(
+            name=name,
+            index=index,
+            knobs=knobs,
+            trainer=trainer,
+            group=group,
+            adapter=adapter,
+            residency=Residency(key=name, params=list(params)),
+            plan=plan,
+            run_dir=Path(run_dir),
+            chunk_eval=chunk_eval,
+            chunk_save=chunk_save,
+        )
+        trainer.add_callback(ChunkCallback(self, slot))
+        slot.rng = RngState.capture()
+        slot.accelerate = snapshot_accelerate_state()
+        self.slots[name] = slot
+        return slot
+
+    def add_failed_run(
+        self, *, name: str, index: int, knobs: dict[str, Any], run_dir: Path,
+        group: ModelGroup | None, error: BaseException,
+    ) -> RunSlot:
+        """Register a run whose trainer could not be built (e.g. its formatting function
+        raised while the dataset was prepared): it is failed from the start, the others go on."""
+        slot = RunSlot(
+            name=name, index=index, knobs=knobs, trainer=None, group=group, adapter=None,
+            residency=Residency(key=name, params=[]), plan=ChunkPlan(0, 0, 0, ()),
+            run_dir=Path(run_dir), finished=True,
+        )
+        slot.error = "".join(traceback.format_exception_only(type(error), error)).strip()
+        slot.error_traceback = "".join(
+            traceback.format_exception(type(error), error, error.__traceback__)
+        )
+        slot.state.fail(slot.error)
+        self.slots[name] = slot
+        warnings.warn(f"{name} failed before training: {slot.error}", RuntimeWarning, stacklevel=2)
+        return slot
+
+    def replanned(self) -> None:
+        if self._progress is not None:
+            self._progress.set_total(self.total_chunks)
+
+    @property
+    def total_chunks(self) -> int:
+        return sum(len(s.plan) for s in self.slots.values())
+
+    def results(self) -> list[RunResult]:
+        return [s.result() for s in self.slots.values()]
+
+    # ------------------------------------------------------------------ run-thread side
+
+    def end_turn(self, slot: RunSlot) -> None:
+        """Called in the run's thread at a chunk boundary: hand the baton back, wait."""
+        slot.compute_seconds += time.perf_counter() - slot._resumed_at
+        self.baton.pass_back(slot.name)
+        slot._resumed_at = time.perf_counter()
+
+    def _thread_main(self, slot: RunSlot) -> None:
+        try:
+            self.baton.wait_turn(slot.name)
+            slot._resumed_at = time.perf_counter()
+            slot.train_output = slot.trainer.train()
+            self._save_final(slot)
+        except Aborted:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - a run's failure must not stop the others
+            slot.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            slot.error_traceback = traceback.format_exc()
+        finally:
+            slot.finished = True
+            slot.compute_seconds += time.perf_counter() - slot._resumed_at
+            self.baton.release(slot.name)
+
+    # ------------------------------------------------------------------ scheduler side
+
+    def _views(self) -> list[RunView]:
+        return [
+            RunView(s.name, s.index, s.state.status, s.state.chunks_done, len(s.plan))
+            for s in self.slots.values()
+        ]
+
+    def _switch_in(self, slot: RunSlot) -> None:
+        prev = self._resident
+        if prev is not None and prev is not slot and prev.residency.resident:
+            prev.residency.park(self.cache, prev.trainer.optimizer)
+        if not slot.residency.resident:
+            if slot.residency.key in self.cache:
+                slot.residency.unpark(self.cache, slot.trainer.optimizer)
+            elif slot.group.initial_weights is not None:
+                slot.residency.load_initial(slot.group.initial_weights)
+            else:
+                raise RuntimeError(f"{slot.name}: no state to restore.")
+        self._resident = slot
+        if slot.adapter is not None:
+            slot.group.model.set_adapter(slot.adapter)
+        restore_accelerate_state(slot.accelerate)
+        slot.rng.restore()
+
+    def _switch_out(self, slot: RunSlot) -> None:
+        slot.rng = RngState.capture()
+        slot.accelerate = snapshot_accelerate_state()
+
+    def _turn(self, slot: RunSlot) -> None:
+        start_step = int(slot.trainer.state.global_step)
+        chunk = slot.plan.chunk_at(start_step)
+        self._switch_in(slot)
+        if slot.state.status == RunStatus.PENDING:
+            slot.state.move(RunStatus.RUNNING)
+        if slot.thread is None:
+            slot.thread = threading.Thread(
+                target=self._thread_main, args=(slot,), name=f"rapidfire-{slot.name}", daemon=True
+            )
+            slot.thread.start()
+        if self._progress is not None:
+            self._progress.start(slot.name)
+        t0 = time.time()
+        self.baton.run(slot.name)
+        t1 = time.time()
+        self._switch_out(slot)
+        end_step = int(slot.trainer.state.global_step)
+        slot.state.global_step = end_step
+
+        if slot.error is not None:
+            slot.state.fail(slot.error)
+            slot.residency.drop(self.cache)
+            if self._resident is slot:
+                self._resident = None
+            warnings.warn(f"{slot.name} failed: {slot.error}", RuntimeWarning, stacklevel=2)
+        elif end_step > start_step and chunk is not None:
+            slot.state.chunks_done += 1
+            self.schedule.append(ChunkRecord(
+                run=slot.name, epoch=chunk.epoch, chunk=chunk.index, number=chunk.number,
+                worker=self.worker, start_time=t0, end_time=t1,
+                start_step=start_step, end_step=end_step,
+            ))
+            write_schedule_csv(self.schedule, self.output_dir / "schedule.csv")
+        if slot.finished and slot.error is None:
+            if slot.state.chunks_done < len(slot.plan):
+                # train() ended early (a callback stopped it): the run is done all the same.
+                slot.state.chunks_done = len(slot.plan)
+            slot.state.move(RunStatus.COMPLETED)
+        if self._progress is not None and slot.error is None:
+            self._progress.chunk_done(self.results())
+
+    def run(self) -> None:
+        """Train every registered run to the end (or to its failure)."""
+        self._progress = ExperimentProgress(self.total_chunks, enabled=self._progress_enabled)
+        started = time.perf_counter()
+        try:
+            while True:
+                name = pick_next(self._views(), self._resident.name if self._resident else None)
+                if name is None:
+                    break
+                self._turn(self.slots[name])
+        finally:
+            self.stats.wall += time.perf_counter() - started
+            self.stats.compute = sum(s.compute_seconds for s in self.slots.values())
+            self.stats.turns = len(self.schedule)
+            self._progress.close()
+            self._progress = None
+            self._stop_threads()
+
+    def activate(self, name: str) -> None:
+        """Make ``name``'s weights the live ones in its model (after training, for the best
+        run: ``trainer.model``, ``save_model()``, ``evaluate()``)."""
+        slot = self.slots[name]
+        self._switch_in(slot)
+
+    def _stop_threads(self) -> None:
+        self.baton.abort()
+        for slot in self.slots.values():
+            if slot.thread is not None and slot.thread.is_alive():
+                slot.thread.join(timeout=60)
+
+    def failures(self) -> dict[str, str]:
+        return {s.name: s.error for s in self.slots.values() if s.error is not None}

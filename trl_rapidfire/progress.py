@@ -1,0 +1,62 @@
+"""What a person watching the terminal sees: one progress bar for the whole experiment and, at
+each chunk boundary, a compact table of the runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .display import table
+from .results import RunResult
+
+__all__ = ["ExperimentProgress", "runs_table"]
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+
+def runs_table(runs: Sequence[RunResult]) -> str:
+    """``run  status  step  loss  eval_loss  knobs`` for every run."""
+    rows = []
+    for r in runs:
+        knobs = ", ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}"
+                          for k, v in r.knobs.items() if isinstance(v, (int, float, str)))
+        rows.append([r.name, r.status.value, r.global_step, _fmt(r.metrics.get("loss")),
+                     _fmt(r.metrics.get("eval_loss")), knobs])
+    return table(["run", "status", "step", "loss", "eval_loss", "knobs"], rows)
+
+
+class ExperimentProgress:
+    """A tqdm bar over every chunk of every run, and the runs table at each boundary.
+
+    Disabled (prints nothing) when ``enabled`` is false, e.g. ``disable_tqdm=True``.
+    """
+
+    def __init__(self, total_chunks: int, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total_chunks, desc="chunks", unit="chunk", dynamic_ncols=True)
+
+    def set_total(self, total_chunks: int) -> None:
+        if self._bar is not None:
+            self._bar.total = total_chunks
+            self._bar.refresh()
+
+    def start(self, run: str) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(run)
+
+    def chunk_done(self, runs: Sequence[RunResult]) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.write(runs_table(runs))
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -1,0 +1,115 @@
+"""Moving a run's tensors between the device and the state cache.
+
+A run owns a set of parameters (its LoRA adapter, or every trainable weight for full
+fine-tuning) and, once it has trained, its optimizer's state for them. When another run takes
+the device, the owner's tensors are *parked*: handed to the :class:`~trl_rapidfire.cache.StateCache`
+(host memory, spilled to disk beyond its budget) and replaced on the device by empty
+placeholders, so the memory is really freed. *Unparking* puts the very values back into the
+same parameter and optimizer-state objects. Nothing else of the run moves: its trainer, LR
+scheduler and data position never left its ``train()`` call (see :mod:`trl_rapidfire.switch`).
+
+Identity is what makes this exact. The optimizer keys its state by parameter object and the
+LR scheduler holds the optimizer, so values are swapped *inside* the existing objects
+(``param.data = ...``), never by building new ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .cache import StateCache
+
+__all__ = ["Residency", "inner_optimizer"]
+
+
+def inner_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
+    """The ``torch.optim.Optimizer`` behind accelerate's wrapper (or ``None``)."""
+    if optimizer is None:
+        return None
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _placeholder(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=t.dtype, device=t.device)
+
+
+@dataclass
+class Residency:
+    """Where one run's tensors are, and the moves between device and cache.
+
+    Args:
+        key: the run's cache key.
+        params: the parameters the run owns, in a fixed order.
+    """
+
+    key: str
+    params: Sequence[torch.nn.Parameter]
+    resident: bool = True
+    # Where each parked tensor came from, to send it back to the same device.
+    _param_devices: list[torch.device] = field(default_factory=list)
+    _state_devices: list[dict[str, torch.device]] = field(default_factory=list)
+
+    def park(self, cache: StateCache, optimizer: Any) -> None:
+        """Hand the run's parameter values and optimizer state to ``cache``; free the device."""
+        if not self.resident:
+            return
+        opt = inner_optimizer(optimizer)
+        states: list[dict[str, Any] | None] = []
+        self._state_devices = []
+        for p in self.params:
+            state = opt.state.get(p) if opt is not None else None
+            states.append(dict(state) if state else None)
+            self._state_devices.append(
+                {k: v.device for k, v in (state or {}).items() if isinstance(v, torch.Tensor)}
+            )
+        self._param_devices = [p.device for p in self.params]
+        tree = {"params": [p.data for p in self.params], "optimizer": states}
+        # On the CPU the cache can own these very tensors: nobody else will touch them.
+        cache.put(self.key, tree, copy=False)
+        for p in self.params:
+            p.data = _placeholder(p.data)
+        if opt is not None:
+            for p in self.params:
+                opt.state.pop(p, None)
+        self.resident = False
+
+    def unpark(self, cache: StateCache, optimizer: Any) -> None:
+        """Put the parked values back into the run's parameters and optimizer state."""
+        if self.resident:
+            return
+        tree = cache.pop(self.key)
+        opt = inner_optimizer(optimizer)
+        for p, value, device in zip(self.params, tree["params"], self._param_devices):
+            p.data = value.to(device, non_blocking=True)
+        for p, state, devices in zip(self.params, tree["optimizer"], self._state_devices):
+            if state is None:
+                continue
+            if opt is None:
+                raise RuntimeError(f"{self.key}: parked optimizer state but no optimizer now.")
+            opt.state[p] = {
+                k: v.to(devices[k], non_blocking=True) if isinstance(v, torch.Tensor) else v
+                for k, v in state.items()
+            }
+        if any(d.type == "cuda" for d in self._param_devices):
+            torch.cuda.current_stream().synchronize()
+        self.resident = True
+
+    def load_initial(self, values: Sequence[torch.Tensor]) -> None:
+        """Set the run's parameters to ``values`` (copies), e.g. a full fine-tuning run's
+        starting weights while another run's weights were parked out of the same model."""
+        for p, v in zip(self.params, values):
+            p.data = v.to(p.device, copy=True)
+        self.resident = True
+
+    def drop(self, cache: StateCache) -> None:
+        """Forget the run's tensors (a failed or deleted run)."""
+        if self.key in cache:
+            cache.delete(self.key)
+        for p in self.params:
+            p.data = _placeholder(p.data)
+            p.grad = None
+        self.resident = False

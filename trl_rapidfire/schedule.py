@@ -1,0 +1,86 @@
+"""The record of what was trained when: one row per finished chunk.
+
+``trainer.schedule`` holds the rows in memory and ``<output_dir>/schedule.csv`` on disk
+(rewritten atomically after every chunk, so a reader never sees half a file). Later tools draw
+the experiment's timeline from it.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ChunkRecord", "write_schedule_csv", "read_schedule_csv"]
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """One chunk of one run, as it was trained.
+
+    Attributes:
+        run: run name.
+        epoch: epoch of the chunk (0-based).
+        chunk: the chunk's index within its epoch (0-based).
+        number: the chunk's index over the whole run (0-based).
+        worker: which worker trained it.
+        start_time, end_time: wall-clock seconds since the epoch (``time.time()``).
+        start_step, end_step: the run's optimizer steps ``[start_step, end_step)``.
+    """
+
+    run: str
+    epoch: int
+    chunk: int
+    number: int
+    worker: int
+    start_time: float
+    end_time: float
+    start_step: int
+    end_step: int
+
+    @property
+    def steps(self) -> int:
+        return self.end_step - self.start_step
+
+    @property
+    def seconds(self) -> float:
+        return self.end_time - self.start_time
+
+
+_FIELDS = [f.name for f in dataclasses.fields(ChunkRecord)]
+
+
+def write_schedule_csv(records: Sequence[ChunkRecord], path: str | os.PathLike) -> None:
+    """Write ``records`` as CSV to ``path`` atomically (temp file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=_FIELDS + ["steps"], lineterminator="\n")
+    writer.writeheader()
+    for r in records:
+        writer.writerow({**dataclasses.asdict(r), "steps": r.steps})
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(buf.getvalue(), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_schedule_csv(path: str | os.PathLike) -> list[ChunkRecord]:
+    """Read back a file written by :func:`write_schedule_csv`."""
+    types = {f.name: f.type for f in dataclasses.fields(ChunkRecord)}
+    out = []
+    with open(path, encoding="utf-8", newline="") as fh:
+        for row in csv.DictReader(fh):
+            kwargs = {}
+            for name in _FIELDS:
+                tp = types[name]
+                kwargs[name] = (
+                    int(row[name]) if tp in (int, "int")
+                    else float(row[name]) if tp in (float, "float")
+                    else row[name]
+                )
+            out.append(ChunkRecord(**kwargs))
+    return out

@@ -1,0 +1,123 @@
+"""``RFSFTTrainer``: TRL's ``SFTTrainer`` over many configurations at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from trl import SFTTrainer
+
+from ..configs import RFSFTConfig
+from ..search import Search
+from .base import RFTrainerMixin, RunTrainerMixin, rf_config_from
+
+__all__ = ["RFSFTTrainer"]
+
+# The SFTConfig fields that SFTTrainer's dataset preparation reads: runs that agree on all of
+# them (and on dataset, tokenizer and formatting function) share one prepared dataset.
+_PREP_FIELDS = (
+    "dataset_text_field", "max_length", "truncation_mode", "packing_strategy", "padding_free",
+    "dataset_num_proc", "assistant_only_loss", "eos_token", "pad_token", "chat_template_path",
+    "dataset_kwargs", "shuffle_dataset",
+)  # fmt: skip
+
+
+class _RunSFTTrainer(RunTrainerMixin, SFTTrainer):
+    """One run's ``SFTTrainer``. Dataset preparation (formatting, tokenization, packing) is
+    shared through ``rf_dataset_memo`` by the runs whose preparation settings agree."""
+
+    def __init__(self, *args: Any, rf_dataset_memo: dict | None = None, **kwargs: Any) -> None:
+        self._rf_dataset_memo = rf_dataset_memo
+        super().__init__(*args, **kwargs)
+
+    def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func,
+                         dataset_name):
+        memo = self._rf_dataset_memo
+        if memo is None:
+            return super()._prepare_dataset(
+                dataset, processing_class, args, packing, formatting_func, dataset_name
+            )
+        key = (
+            id(dataset), id(processing_class), id(formatting_func), dataset_name, packing,
+            tuple(repr(getattr(args, f, None)) for f in _PREP_FIELDS),
+            args.seed if args.shuffle_dataset or packing else None,
+            self.completion_only_loss, repr(self.chat_template), self._is_vision_dataset,
+        )
+        if key not in memo:
+            prepared = super()._prepare_dataset(
+                dataset, processing_class, args, packing, formatting_func, dataset_name
+            )
+            # Keep the inputs alive: their ids are part of the key.
+            memo[key] = (dataset, processing_class, formatting_func, prepared)
+        return memo[key][-1]
+
+
+class RFSFTTrainer(RFTrainerMixin, SFTTrainer):
+    """``SFTTrainer`` for a config group: every combination of knobs is a run, and all runs
+    train together, chunk by chunk, each ending exactly as it would alone.
+
+    Takes ``SFTTrainer``'s arguments. ``args`` is usually an :class:`~trl_rapidfire.RFSFTConfig`
+    whose fields may hold ``List``/``Range`` knobs; ``model``, ``peft_config``,
+    ``formatting_func`` and ``processing_class`` may be ``List``s too.
+
+    Args:
+        search: how knobs expand into runs: ``GridSearch()`` (default) or
+            ``RandomSearch(num_runs=..., seed=...)``.
+
+    After :meth:`train`: ``trainer.runs`` lists every run with its metrics, ``trainer.best_run``
+    names the best, ``trainer.model`` is the best run's model, ``trainer.save_model()`` saves
+    the best run's weights, and ``trainer.schedule`` tells which chunk ran when. Each run's
+    final adapter/model is in ``<output_dir>/runs/<run>/final/``.
+    """
+
+    _run_trainer_class = _RunSFTTrainer
+
+    def __init__(
+        self,
+        model: Any,
+        args: Any = None,
+        data_collator: Any = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        compute_loss_func: Callable | None = None,
+        compute_metrics: Callable | None = None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+        optimizer_cls_and_kwargs: tuple | None = None,
+        preprocess_logits_for_metrics: Callable | None = None,
+        quantization_config: Any = None,
+        peft_config: Any = None,
+        formatting_func: Any = None,
+        *,
+        search: Search | None = None,
+    ) -> None:
+        if train_dataset is None:
+            raise ValueError("`train_dataset` is required")
+        name = model if isinstance(model, str) else getattr(
+            getattr(model, "config", None), "_name_or_path", "model"
+        )
+        default_dir = f"{str(name).rstrip('/').split('/')[-1]}-SFT"
+        self._rf_setup(
+            args=rf_config_from(args, RFSFTConfig, default_dir),
+            search=search,
+            knob_args=dict(
+                model=model,
+                peft_config=peft_config,
+                formatting_func=formatting_func,
+                processing_class=processing_class,
+            ),
+            shared_args=dict(
+                data_collator=data_collator,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                compute_loss_func=compute_loss_func,
+                compute_metrics=compute_metrics,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+                preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+                quantization_config=quantization_config,
+                rf_dataset_memo={},
+            ),
+        )
