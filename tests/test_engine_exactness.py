@@ -348,3 +348,58 @@ def test_a_raising_formatting_function_fails_its_run_only(model_path, tmp_path):
                      peft_config=tiny_lora_config(r=4), formatting_func=_format_ok)
     _assert_same_weights(tmp_path / "rf" / "runs" / "run-1" / "final", tmp_path / "ref" / "final")
     assert _logs(rf.run_trainer("run-1")) == _logs(ref)
+
+
+def test_two_base_models_each_loaded_once_each_run_exact(model_path, tmp_path):
+    other_path = tiny_model_path(seed=1)  # same architecture, other weights and tokenizer
+    data = make_sft_dataset(32, seed=8)
+    lora = tiny_lora_config(r=4, lora_dropout=0.1)
+    common = dict(BASE, num_train_epochs=1, gradient_accumulation_steps=1, learning_rate=2e-3)
+    rf = RFSFTTrainer(
+        model=List([model_path, other_path]),
+        args=RFSFTConfig(output_dir=str(tmp_path / "rf"), num_chunks=4, **common),
+        train_dataset=data,
+        peft_config=lora,
+    )
+    assert sorted(rf.model_loads.values()) == [1, 1]
+    assert rf.run_trainer("run-0").model is not rf.run_trainer("run-1").model
+    rf.train()
+    for i, path in enumerate([model_path, other_path]):
+        ref = _reference(path, tmp_path / f"ref{i}", common, data, peft_config=lora)
+        _assert_same_weights(tmp_path / "rf" / "runs" / f"run-{i}" / "final",
+                             tmp_path / f"ref{i}" / "final")
+        assert _logs(rf.run_trainer(f"run-{i}")) == _logs(ref)
+
+
+def test_configs_built_between_chunks_do_not_disturb_live_runs(model_path, tmp_path, monkeypatch):
+    """Building any TrainingArguments resets accelerate's global state (and the last trainer
+    built rewrites GradientState); each run gets its own back at every switch."""
+    data = make_sft_dataset(32, seed=9)
+    common = dict(BASE, num_train_epochs=1, learning_rate=1e-3, logging_steps=1)
+    rf = RFSFTTrainer(
+        model=model_path,
+        args=RFSFTConfig(output_dir=str(tmp_path / "rf"), num_chunks=4,
+                         gradient_accumulation_steps=List([2, 1]),
+                         **{k: v for k, v in common.items() if k != "gradient_accumulation_steps"}),
+        train_dataset=data,
+        peft_config=tiny_lora_config(r=4),
+    )
+    switch_in = rf.engine._switch_in
+    built = []
+
+    def build_a_config_then_switch(slot):
+        # No guard on purpose: the worst a later clone or tool could do between two chunks.
+        built.append(SFTConfig(output_dir=str(tmp_path / "unused"), **cpu_training_kwargs()))
+        switch_in(slot)
+
+    monkeypatch.setattr(rf.engine, "_switch_in", build_a_config_then_switch)
+    rf.train()
+    assert len(built) >= 8
+    assert all(r.status == RunStatus.COMPLETED for r in rf.runs)
+    for i, ga in enumerate([2, 1]):
+        ref = _reference(model_path, tmp_path / f"ref{i}",
+                         dict(common, gradient_accumulation_steps=ga), data,
+                         peft_config=tiny_lora_config(r=4))
+        _assert_same_weights(tmp_path / "rf" / "runs" / f"run-{i}" / "final",
+                             tmp_path / f"ref{i}" / "final")
+        assert _logs(rf.run_trainer(f"run-{i}")) == _logs(ref)

@@ -1,10 +1,9 @@
-"""The cooperative switch's parts: the baton, RNG capture/restore, parking tensors."""
+"""The cooperative switch's parts: run coroutines, RNG capture/restore, parking tensors."""
 
 from __future__ import annotations
 
 import copy
 import random
-import threading
 
 import numpy as np
 import pytest
@@ -12,47 +11,57 @@ import torch
 
 from trl_rapidfire.cache import StateCache
 from trl_rapidfire.residency import Residency
-from trl_rapidfire.switch import Aborted, Baton, RngState
+from trl_rapidfire.switch import Aborted, RngState, RunCoroutine
 
 
-def test_baton_runs_threads_one_at_a_time_in_the_order_given():
-    baton = Baton()
+def test_coroutines_take_turns_in_the_order_the_scheduler_gives():
     log: list[str] = []
+    runs: dict[str, RunCoroutine] = {}
 
-    def worker(name: str, turns: int) -> None:
-        baton.wait_turn(name)
+    def body(name: str, turns: int) -> None:
         for t in range(turns):
             log.append(f"{name}{t}")
             if t < turns - 1:
-                baton.pass_back(name)
-        baton.release(name)
+                runs[name].suspend()
 
-    threads = {n: threading.Thread(target=worker, args=(n, 2), daemon=True) for n in "ab"}
-    for t in threads.values():
-        t.start()
+    for name in "ab":
+        runs[name] = RunCoroutine(lambda name=name: body(name, 2), name=name)
+    assert not runs["a"].started
     for name in ["a", "b", "b", "a"]:
-        baton.run(name)
-        assert baton.holder == "<scheduler>"
-    for t in threads.values():
-        t.join(timeout=5)
+        runs[name].resume()
     assert log == ["a0", "b0", "b1", "a1"]
+    assert all(r.finished for r in runs.values())
+    # Everything ran on this thread: one OpenMP team, one set of thread-local torch state.
+    with pytest.raises(RuntimeError, match="already finished"):
+        runs["a"].resume()
 
 
-def test_abort_wakes_waiting_threads_with_aborted():
-    baton = Baton()
-    seen: list[BaseException] = []
+def test_abort_unwinds_a_suspended_run_and_exceptions_reach_the_scheduler():
+    cleaned: list[str] = []
 
-    def worker() -> None:
+    def body() -> None:
         try:
-            baton.wait_turn("a")
-        except Aborted as exc:
-            seen.append(exc)
+            run.suspend()
+        finally:
+            cleaned.append("unwound")
 
-    t = threading.Thread(target=worker, daemon=True)
-    t.start()
-    baton.abort()
-    t.join(timeout=5)
-    assert len(seen) == 1 and not t.is_alive()
+    run = RunCoroutine(body, name="r")
+    run.resume()
+    with pytest.raises(Aborted):
+        run.abort()  # not caught by the body: comes out where the scheduler called abort
+    assert cleaned == ["unwound"] and run.finished
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        RunCoroutine(interrupted).resume()
+
+
+def test_suspend_outside_the_coroutine_is_an_error():
+    run = RunCoroutine(lambda: None, name="r")
+    with pytest.raises(RuntimeError, match="outside"):
+        run.suspend()
 
 
 def test_rng_state_round_trips_every_stream():

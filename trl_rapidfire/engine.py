@@ -1,15 +1,15 @@
 """The chunk engine: trains many runs in one process, one chunk at a time, each exactly as if
 it were trained alone.
 
-Each run is a live Trainer whose ``train()`` runs in its own thread (see
-:mod:`trl_rapidfire.switch`). The engine's loop, on the calling thread, repeats:
+Each run is a live Trainer whose ``train()`` runs in a coroutine of its own (see
+:mod:`trl_rapidfire.switch`). The engine's loop repeats:
 
 1. ask the scheduler (:func:`~trl_rapidfire.scheduler.pick_next`) which run goes next;
 2. *switch in*: park the previous run's tensors in the state cache and unpark this run's
    (:mod:`trl_rapidfire.residency`), activate its adapter, give it back its RNG streams and
    accelerate state;
-3. hand it the baton; its :class:`ChunkCallback` hands the baton back at the next chunk
-   boundary (or the run ends, or fails);
+3. resume its coroutine; its :class:`ChunkCallback` suspends it at the next chunk boundary
+   (or the run ends, or fails);
 4. *switch out*: save its RNG streams and accelerate state, record the chunk in the schedule.
 
 The engine knows nothing of SFT, DPO or GRPO: the trainer layer builds each run's Trainer and
@@ -18,8 +18,8 @@ registers it with :meth:`Engine.add_run`.
 
 from __future__ import annotations
 
+import gc
 import math
-import threading
 import time
 import traceback
 import warnings
@@ -34,14 +34,14 @@ from transformers import TrainerCallback
 from .accelerate_state import restore_accelerate_state, snapshot_accelerate_state
 from .cache import StateCache
 from .chunks import ChunkPlan, plan_chunks, training_steps
-from .models import ModelGroup
+from .models import ModelGroup, ModelPool
 from .progress import ExperimentProgress
 from .residency import Residency
 from .results import RunResult, latest_metrics
 from .runs import RunState, RunStatus
-from .schedule import ChunkRecord, write_schedule_csv
+from .schedule import ChunkRecord, append_schedule_row, write_schedule_csv
 from .scheduler import RunView, pick_next
-from .switch import Aborted, Baton, RngState
+from .switch import Aborted, RngState, RunCoroutine
 
 __all__ = ["ChunkCallback", "Engine", "EngineStats", "RunSlot", "RunFailure"]
 
@@ -56,7 +56,7 @@ class EngineStats:
 
     ``compute`` is time the runs spent inside their own turns (training steps, their logging,
     evaluation and saving); ``switching`` is the rest of the loop: parking and unparking state,
-    restoring RNG and accelerate state, thread hand-offs, scheduling and bookkeeping.
+    restoring RNG and accelerate state, coroutine switches, scheduling and bookkeeping.
     """
 
     wall: float = 0.0
@@ -86,7 +86,7 @@ class RunSlot:
     state: RunState = field(default=None)  # type: ignore[assignment]
     rng: RngState | None = None
     accelerate: list[dict[str, Any]] | None = None
-    thread: threading.Thread | None = None
+    coroutine: RunCoroutine | None = None
     finished: bool = False
     error: str | None = None
     error_traceback: str | None = None
@@ -181,6 +181,9 @@ class Engine:
         cache: where parked run state lives.
         progress: show the progress bar and the runs table at chunk boundaries.
         worker: this worker's id, recorded in the schedule.
+        save_final: how a finished run saves its final weights (default: ``save_model`` into
+            ``runs/<name>/final``).
+        pool: the shared base models (moved on and off a CUDA device as runs take turns).
     """
 
     def __init__(
@@ -191,14 +194,15 @@ class Engine:
         progress: bool = True,
         worker: int = 0,
         save_final: Callable[[RunSlot], None] | None = None,
+        pool: ModelPool | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
         self.cache = cache
         self.worker = worker
+        self.pool = pool
         self.slots: dict[str, RunSlot] = {}
         self.schedule: list[ChunkRecord] = []
         self.stats = EngineStats()
-        self.baton = Baton()
         self._progress_enabled = progress
         self._progress: ExperimentProgress | None = None
         self._resident: RunSlot | None = None
@@ -298,29 +302,28 @@ class Engine:
     def results(self) -> list[RunResult]:
         return [s.result() for s in self.slots.values()]
 
-    # ------------------------------------------------------------------ run-thread side
+    # ------------------------------------------------------------------ run side
 
     def end_turn(self, slot: RunSlot) -> None:
-        """Called in the run's thread at a chunk boundary: hand the baton back, wait."""
+        """Called inside the run's coroutine at a chunk boundary: suspend until resumed."""
         slot.compute_seconds += time.perf_counter() - slot._resumed_at
-        self.baton.pass_back(slot.name)
+        slot.coroutine.suspend()
         slot._resumed_at = time.perf_counter()
 
-    def _thread_main(self, slot: RunSlot) -> None:
+    def _run_main(self, slot: RunSlot) -> None:
+        slot._resumed_at = time.perf_counter()
         try:
-            self.baton.wait_turn(slot.name)
-            slot._resumed_at = time.perf_counter()
             slot.train_output = slot.trainer.train()
             self._save_final(slot)
         except Aborted:
             pass
-        except BaseException as exc:  # noqa: BLE001 - a run's failure must not stop the others
+        except Exception as exc:  # a run's failure must not stop the others
             slot.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             slot.error_traceback = traceback.format_exc()
         finally:
+            # KeyboardInterrupt and SystemExit pass through to the scheduler, which stops.
             slot.finished = True
             slot.compute_seconds += time.perf_counter() - slot._resumed_at
-            self.baton.release(slot.name)
 
     # ------------------------------------------------------------------ scheduler side
 
@@ -334,6 +337,8 @@ class Engine:
         prev = self._resident
         if prev is not None and prev is not slot and prev.residency.resident:
             prev.residency.park(self.cache, prev.trainer.optimizer)
+        if self.pool is not None:
+            self.pool.make_room(slot.group, slot.trainer.args.device)
         if not slot.residency.resident:
             if slot.residency.key in self.cache:
                 slot.residency.unpark(self.cache, slot.trainer.optimizer)
@@ -342,8 +347,8 @@ class Engine:
             else:
                 raise RuntimeError(f"{slot.name}: no state to restore.")
         self._resident = slot
-        if slot.adapter is not None:
-            slot.group.model.set_adapter(slot.adapter)
+        if slot.adapter is not None and slot.group.model.active_adapter != slot.adapter:
+            slot.group.activate(slot.adapter)
         restore_accelerate_state(slot.accelerate)
         slot.rng.restore()
 
@@ -357,15 +362,12 @@ class Engine:
         self._switch_in(slot)
         if slot.state.status == RunStatus.PENDING:
             slot.state.move(RunStatus.RUNNING)
-        if slot.thread is None:
-            slot.thread = threading.Thread(
-                target=self._thread_main, args=(slot,), name=f"rapidfire-{slot.name}", daemon=True
-            )
-            slot.thread.start()
+        if slot.coroutine is None:
+            slot.coroutine = RunCoroutine(lambda: self._run_main(slot), name=slot.name)
         if self._progress is not None:
             self._progress.start(slot.name)
         t0 = time.time()
-        self.baton.run(slot.name)
+        slot.coroutine.resume()
         t1 = time.time()
         self._switch_out(slot)
         end_step = int(slot.trainer.state.global_step)
@@ -379,12 +381,13 @@ class Engine:
             warnings.warn(f"{slot.name} failed: {slot.error}", RuntimeWarning, stacklevel=2)
         elif end_step > start_step and chunk is not None:
             slot.state.chunks_done += 1
-            self.schedule.append(ChunkRecord(
+            record = ChunkRecord(
                 run=slot.name, epoch=chunk.epoch, chunk=chunk.index, number=chunk.number,
                 worker=self.worker, start_time=t0, end_time=t1,
                 start_step=start_step, end_step=end_step,
-            ))
-            write_schedule_csv(self.schedule, self.output_dir / "schedule.csv")
+            )
+            self.schedule.append(record)
+            append_schedule_row(record, self.output_dir / "schedule.csv")
         if slot.finished and slot.error is None:
             if slot.state.chunks_done < len(slot.plan):
                 # train() ended early (a callback stopped it): the run is done all the same.
@@ -396,6 +399,13 @@ class Engine:
     def run(self) -> None:
         """Train every registered run to the end (or to its failure)."""
         self._progress = ExperimentProgress(self.total_chunks, enabled=self._progress_enabled)
+        write_schedule_csv(self.schedule, self.output_dir / "schedule.csv")
+        # Every run's train() starts with accelerate's free_memory(), a full gc.collect() over
+        # everything the process holds (~0.2 s per run with the HF stack imported). The models,
+        # datasets and trainers built so far live as long as the experiment: freeze them out
+        # of the collector's view for its duration.
+        gc.collect()
+        gc.freeze()
         started = time.perf_counter()
         try:
             while True:
@@ -404,12 +414,13 @@ class Engine:
                     break
                 self._turn(self.slots[name])
         finally:
+            gc.unfreeze()
             self.stats.wall += time.perf_counter() - started
             self.stats.compute = sum(s.compute_seconds for s in self.slots.values())
             self.stats.turns = len(self.schedule)
             self._progress.close()
             self._progress = None
-            self._stop_threads()
+            self._abort_suspended()
 
     def activate(self, name: str) -> None:
         """Make ``name``'s weights the live ones in its model (after training, for the best
@@ -417,11 +428,11 @@ class Engine:
         slot = self.slots[name]
         self._switch_in(slot)
 
-    def _stop_threads(self) -> None:
-        self.baton.abort()
+    def _abort_suspended(self) -> None:
+        # Runs left suspended (the loop was interrupted) unwind their train() calls now.
         for slot in self.slots.values():
-            if slot.thread is not None and slot.thread.is_alive():
-                slot.thread.join(timeout=60)
+            if slot.coroutine is not None and not slot.coroutine.finished:
+                slot.coroutine.abort()
 
     def failures(self) -> dict[str, str]:
         return {s.name: s.error for s in self.slots.values() if s.error is not None}

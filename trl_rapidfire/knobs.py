@@ -20,7 +20,16 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["Knob", "List", "Range", "KnobError", "is_knob", "knob_from_json", "same_value"]
+__all__ = [
+    "Knob",
+    "List",
+    "Range",
+    "KnobError",
+    "describe_value",
+    "is_knob",
+    "knob_from_json",
+    "same_value",
+]
 
 
 class KnobError(ValueError):
@@ -256,3 +265,17 @@ def knob_from_json(value: Any) -> Knob | None:
             return Range(spec[0], spec[1])
         raise KnobError(f"Range spec must be {{low: .., high: ..}} or [low, high], got {spec!r}.")
     return None
+
+
+def describe_value(value: Any) -> str:
+    """A short human form of a knob value: functions by name, LoRA configs by rank, alpha and
+    targets, everything else by ``repr``."""
+    if callable(value) and hasattr(value, "__qualname__"):
+        return value.__qualname__
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(describe_value(v) for v in value)
+        return f"[{inner}]"
+    if type(value).__name__ == "LoraConfig":
+        targets = sorted(value.target_modules) if value.target_modules else None
+        return f"LoraConfig(r={value.r}, alpha={value.lora_alpha}, targets={targets})"
+    return repr(value)

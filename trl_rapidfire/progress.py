@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .display import table
+from .knobs import describe_value
 from .results import RunResult
 
 __all__ = ["ExperimentProgress", "runs_table"]
@@ -21,8 +22,10 @@ def runs_table(runs: Sequence[RunResult]) -> str:
     """``run  status  step  loss  eval_loss  knobs`` for every run."""
     rows = []
     for r in runs:
-        knobs = ", ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}"
-                          for k, v in r.knobs.items() if isinstance(v, (int, float, str)))
+        knobs = ", ".join(
+            f"{k}={_fmt(v) if isinstance(v, float) else describe_value(v)}"
+            for k, v in r.knobs.items()
+        )
         rows.append([r.name, r.status.value, r.global_step, _fmt(r.metrics.get("loss")),
                      _fmt(r.metrics.get("eval_loss")), knobs])
     return table(["run", "status", "step", "loss", "eval_loss", "knobs"], rows)

@@ -1,8 +1,9 @@
 """The record of what was trained when: one row per finished chunk.
 
-``trainer.schedule`` holds the rows in memory and ``<output_dir>/schedule.csv`` on disk
-(rewritten atomically after every chunk, so a reader never sees half a file). Later tools draw
-the experiment's timeline from it.
+``trainer.schedule`` holds the rows in memory and ``<output_dir>/schedule.csv`` on disk: the
+header is written atomically when the experiment starts and each finished chunk appends one
+line with a single write (cheap enough for every chunk; a crash can at most cut the last line,
+which :func:`read_schedule_csv` skips). Later tools draw the experiment's timeline from it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ChunkRecord", "write_schedule_csv", "read_schedule_csv"]
+__all__ = ["ChunkRecord", "append_schedule_row", "read_schedule_csv", "write_schedule_csv"]
 
 
 @dataclass(frozen=True)
@@ -68,19 +69,32 @@ def write_schedule_csv(records: Sequence[ChunkRecord], path: str | os.PathLike) 
     os.replace(tmp, path)
 
 
+def append_schedule_row(record: ChunkRecord, path: str | os.PathLike) -> None:
+    """Append one record to a schedule file started by :func:`write_schedule_csv`."""
+    buf = io.StringIO()
+    csv.DictWriter(buf, fieldnames=_FIELDS + ["steps"], lineterminator="\n").writerow(
+        {**dataclasses.asdict(record), "steps": record.steps}
+    )
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(buf.getvalue())  # one write: a reader sees whole lines
+
+
 def read_schedule_csv(path: str | os.PathLike) -> list[ChunkRecord]:
-    """Read back a file written by :func:`write_schedule_csv`."""
+    """Read back a schedule file; a last line cut short by a crash is skipped."""
     types = {f.name: f.type for f in dataclasses.fields(ChunkRecord)}
     out = []
     with open(path, encoding="utf-8", newline="") as fh:
         for row in csv.DictReader(fh):
-            kwargs = {}
-            for name in _FIELDS:
-                tp = types[name]
-                kwargs[name] = (
-                    int(row[name]) if tp in (int, "int")
-                    else float(row[name]) if tp in (float, "float")
-                    else row[name]
-                )
+            try:
+                kwargs = {}
+                for name in _FIELDS:
+                    tp = types[name]
+                    kwargs[name] = (
+                        int(row[name]) if tp in (int, "int")
+                        else float(row[name]) if tp in (float, "float")
+                        else row[name]
+                    )
+            except (TypeError, ValueError):
+                continue  # an incomplete line
             out.append(ChunkRecord(**kwargs))
     return out

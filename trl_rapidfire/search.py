@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .configs import RFConfigError, RFConfigMixin
-from .knobs import Knob, KnobError, List, Range, is_knob, same_value
+from .knobs import Knob, KnobError, List, Range, describe_value, is_knob, same_value
 from .preflight import PreflightError, check_run
 
 __all__ = ["Search", "GridSearch", "RandomSearch", "RunSpec", "SearchError"]
@@ -52,19 +52,8 @@ class RunSpec:
 
     def describe(self) -> str:
         """``learning_rate=0.0002, lr_scheduler_type='cosine'``: the knob values, for humans."""
-        return ", ".join(f"{k}={_short(v)}" for k, v in self.knobs.items()) or "(single config)"
-
-
-def _short(value: Any) -> str:
-    if callable(value) and hasattr(value, "__qualname__"):
-        return value.__qualname__
-    if isinstance(value, (list, tuple)):
-        inner = ", ".join(_short(v) for v in value)
-        return f"[{inner}]"
-    if type(value).__name__ == "LoraConfig":
-        targets = sorted(value.target_modules) if value.target_modules else None
-        return f"LoraConfig(r={value.r}, alpha={value.lora_alpha}, targets={targets})"
-    return repr(value)
+        shown = ", ".join(f"{k}={describe_value(v)}" for k, v in self.knobs.items())
+        return shown or "(single config)"
 
 
 @dataclass(frozen=True)
@@ -96,7 +85,7 @@ def _check_distinct(axis: _Axis) -> None:
         for j in range(i):
             if all(same_value(k.values[i], k.values[j]) for k in axis.knobs):  # type: ignore[union-attr]
                 names = " and ".join(f"`{n}`" for n in axis.names)
-                shown = ", ".join(_short(k.values[i]) for k in axis.knobs)  # type: ignore[union-attr]
+                shown = ", ".join(describe_value(k.values[i]) for k in axis.knobs)  # type: ignore[union-attr]
                 raise SearchError(
                     f"{names} holds the candidate {shown} twice (positions {j} and {i}); each "
                     "candidate must be distinct, or one configuration would be trained twice."
@@ -223,7 +212,7 @@ class Search:
     ) -> RunSpec:
         trainer_kwargs = {k: knobs.get(k, v) for k, v in trainer_level.items()}
         config_choices = {k: v for k, v in knobs.items() if k not in trainer_level}
-        desc = ", ".join(f"{k}={_short(v)}" for k, v in knobs.items())
+        desc = ", ".join(f"{k}={describe_value(v)}" for k, v in knobs.items())
         where = f"{name} ({desc})" if desc else name
         try:
             if isinstance(rf_config, RFConfigMixin):

@@ -163,8 +163,10 @@ class RFTrainerMixin:
         self._rf_cache = StateCache(
             getattr(args, "cache_budget_bytes", 4 * 2**30), out / ".rapidfire" / "cache"
         )
-        self._rf_engine = Engine(out, self._rf_cache, progress=not args.disable_tqdm)
         self._rf_pool = ModelPool()
+        self._rf_engine = Engine(
+            out, self._rf_cache, progress=not args.disable_tqdm, pool=self._rf_pool
+        )
         self._rf_best: str | None = None
         self._rf_trained = False
         for spec in specs:
@@ -248,6 +250,8 @@ class RFTrainerMixin:
                 group.initial_weights = [p.detach().to("cpu", copy=True) for p in params]
             resident = len(group.runs) == 1
 
+        # The trainer moves the model to the device: make room for it there first.
+        self._rf_pool.make_room(group, config.device)
         trainer_kwargs = {k: v for k, v in shared.items() if k != "quantization_config"}
         trainer_kwargs.update(kw)
         trainer_kwargs["callbacks"] = _copy_callbacks(shared.get("callbacks"))

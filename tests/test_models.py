@@ -1,0 +1,91 @@
+"""Shared base models: grouping, adapters, moving modules, and the offload policy."""
+
+from __future__ import annotations
+
+import torch
+
+from trl_rapidfire.models import (
+    ModelPool,
+    adapter_name,
+    adapter_params,
+    choose_offloads,
+    move_module,
+)
+from trl_rapidfire.testing import build_model, build_tokenizer, tiny_lora_config
+
+
+def test_offload_policy_frees_least_recently_used_groups_first():
+    resident = [("old", 40), ("mid", 30), ("new", 20)]
+    assert choose_offloads(resident, need=10, free=50) == []
+    assert choose_offloads(resident, need=60, free=50) == ["old"]
+    assert choose_offloads(resident, need=100, free=50) == ["old", "mid"]
+    assert choose_offloads(resident, need=50, free=50, reserve=10) == ["old"]
+    # Not even offloading everything is enough: offload everything, the newcomer gets it all.
+    assert choose_offloads(resident, need=500, free=50) == ["old", "mid", "new"]
+
+
+def test_move_module_keeps_parameter_identity():
+    model = build_model(build_tokenizer())
+    params = list(model.parameters())
+    move_module(model, "cpu")
+    assert all(a is b for a, b in zip(params, model.parameters()))
+
+
+def test_pool_groups_runs_by_model_and_kind_and_loads_paths_once(tmp_path):
+    from trl_rapidfire.testing import tiny_model_path
+
+    path = tiny_model_path()
+    pool = ModelPool()
+    lora = tiny_lora_config(r=4)
+    g1 = pool.group(path, peft_config=lora, model_init_kwargs=None)
+    g2 = pool.group(path, peft_config=tiny_lora_config(r=8), model_init_kwargs=None)
+    full = pool.group(path, peft_config=None, model_init_kwargs=None)
+    assert g1 is g2 and full is not g1
+    assert sum(pool.loads.values()) == 2  # LoRA runs share one copy; full FT needs its own
+    obj = build_model(build_tokenizer())
+    g_obj = pool.group(obj, peft_config=lora, model_init_kwargs=None)
+    g_obj_full = pool.group(obj, peft_config=None, model_init_kwargs=None)
+    assert g_obj.base is obj and g_obj_full.base is not obj  # a copy: adapters went into obj
+
+
+def test_adapters_are_initialised_as_a_fresh_peft_model_would_be():
+    from peft import get_peft_model
+    from transformers import set_seed
+
+    pool = ModelPool()
+    group = pool.group(build_model(build_tokenizer()), peft_config=tiny_lora_config(r=4),
+                       model_init_kwargs=None)
+    p0 = group.add_adapter(adapter_name(0), tiny_lora_config(r=4), seed=3)
+    p1 = group.add_adapter(adapter_name(1), tiny_lora_config(r=8), seed=5)
+    assert len(p0) == len(p1) == 8  # 2 layers x (q, v) x (A, B)
+    for name, seed, r in (("rf0", 3, 4), ("rf1", 5, 8)):
+        set_seed(seed)
+        alone = get_peft_model(build_model(build_tokenizer()), tiny_lora_config(r=r))
+        want = [p for n, p in alone.named_parameters() if "lora_" in n]
+        got = adapter_params(group.model, name)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_fast_activation_does_what_peft_set_adapter_does():
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    loras = [tiny_lora_config(r=4), tiny_lora_config(r=8, target_modules=("q_proj", "k_proj")),
+             tiny_lora_config(r=2, modules_to_save=["lm_head"])]
+    groups = []
+    for _ in range(2):
+        group = ModelPool().group(build_model(build_tokenizer()), peft_config=loras[0],
+                                  model_init_kwargs=None)
+        for i, lora in enumerate(loras):
+            group.add_adapter(adapter_name(i), lora, seed=i)
+        groups.append(group)
+    fast, peft = groups
+    for name in ["rf1", "rf0", "rf2", "rf1"]:
+        fast.activate(name)
+        peft.model.set_adapter(name)
+        assert fast.model.active_adapter == peft.model.active_adapter == name
+        flags = [[(n, p.requires_grad) for n, p in g.model.named_parameters()] for g in groups]
+        assert flags[0] == flags[1]
+        assert any(rg for _, rg in flags[0])
+        layers = [[m.active_adapters for m in g.model.modules() if isinstance(m, BaseTunerLayer)]
+                  for g in groups]
+        assert layers[0] == layers[1] and layers[0] == [[name]] * len(layers[0])
