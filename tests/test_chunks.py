@@ -38,10 +38,15 @@ def test_runs_with_equal_batches_share_chunk_k_even_with_other_lengths():
     assert two_epochs.chunks[:4] == one_epoch.chunks
 
 
-def test_max_steps_ending_mid_epoch_clips_the_last_epoch():
+def test_an_epoch_cut_short_by_max_steps_is_chunked_on_its_own_length():
     plan = plan_chunks(steps_per_epoch=8, total_steps=11, num_chunks=4)
     assert [(c.epoch, c.start_step, c.end_step) for c in plan.chunks] == [
-        (0, 0, 2), (0, 2, 4), (0, 4, 6), (0, 6, 8), (1, 8, 10), (1, 10, 11)]
+        (0, 0, 2), (0, 2, 4), (0, 4, 6), (0, 6, 8), (1, 8, 9), (1, 9, 10), (1, 10, 11)]
+    # max_steps far below one epoch (a big dataset): still num_chunks turns.
+    short = plan_chunks(steps_per_epoch=10_000, total_steps=10, num_chunks=4)
+    assert [(c.start_step, c.end_step) for c in short.chunks] == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    # Runs with the same batch settings and max_steps still share chunk k.
+    assert plan_chunks(10_000, 10, 4).chunks == short.chunks
 
 
 def test_more_chunks_than_steps_lowers_num_chunks_with_a_warning():

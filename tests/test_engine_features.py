@@ -225,7 +225,7 @@ def test_progress_bar_and_runs_table(model_path, tmp_path, capsys):
     rf.train()
     captured = capsys.readouterr()
     text = captured.out + captured.err
-    assert "chunks" in text and "2/2" in text  # max_steps=2 in chunks of 2: one per run
+    assert "chunks" in text and "4/4" in text  # max_steps=2 in 2 chunks, 2 runs
     assert "run-0" in text and "run-1" in text and "completed" in text
     assert "learning_rate=0.002" in text
 

@@ -141,7 +141,9 @@ def plan_chunks(
         run: the run's name, for messages.
 
     More chunks than an epoch has units (``steps_per_epoch // step_multiple``) cannot be cut
-    into non-empty spans: ``num_chunks`` is lowered to that and a ``UserWarning`` says so.
+    into non-empty spans: ``num_chunks`` is lowered to that and a ``UserWarning`` says so. An
+    epoch cut short by ``max_steps`` is cut into ``num_chunks`` spans of its own length (fewer
+    if it has fewer steps), so a run shorter than one epoch still takes turns.
     """
     if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
         raise ChunkPlanError(f"num_chunks must be an integer >= 1, got {num_chunks!r}.")
@@ -162,16 +164,22 @@ def plan_chunks(
             stacklevel=2,
         )
         num_chunks = units
-    ends = _cuts(steps_per_epoch, num_chunks, step_multiple)
+    full_epoch_ends = _cuts(steps_per_epoch, num_chunks, step_multiple)
     chunks: list[Chunk] = []
     epoch = 0
     while epoch * steps_per_epoch < total_steps:
         offset = epoch * steps_per_epoch
+        steps = min(steps_per_epoch, total_steps - offset)
+        if steps == steps_per_epoch:
+            ends = full_epoch_ends
+        else:
+            # An epoch cut short by max_steps (or a fractional num_train_epochs) is cut into
+            # chunks of its own length: max_steps below one epoch still interleaves the runs.
+            parts = min(num_chunks, max(steps // step_multiple, 1))
+            ends = _cuts(steps, parts, step_multiple)
         start = offset
         for index, end in enumerate(ends):
-            end = min(offset + end, total_steps)
-            if end > start:
-                chunks.append(Chunk(epoch, index, len(chunks), start, end))
-            start = end
+            chunks.append(Chunk(epoch, index, len(chunks), start, offset + end))
+            start = offset + end
         epoch += 1
     return ChunkPlan(steps_per_epoch, total_steps, num_chunks, tuple(chunks))
