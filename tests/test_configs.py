@@ -364,3 +364,16 @@ def test_replace_deepcopy_and_pickle_keep_what_the_user_wrote(cpu):
         assert other.to_dict() == cfg.to_dict()
         assert other.concrete_config({"learning_rate": 3e-4}).to_dict() == \
             cfg.concrete_config({"learning_rate": 3e-4}).to_dict()
+
+
+def test_fields_set_after_construction_reach_every_run(cpu):
+    config = RFSFTConfig(learning_rate=List([1e-4, 1e-3]), **cpu)
+    config.model_init_kwargs = {"dtype": "float32"}  # what TRL's sft.py does after parsing
+    config.lr_scheduler_type = List(["linear", "cosine"])
+    assert set(config.knobs) == {"learning_rate", "lr_scheduler_type"}
+    run = config.concrete_config({"learning_rate": 1e-3, "lr_scheduler_type": "cosine"})
+    assert run.model_init_kwargs == {"dtype": "float32"}
+    assert run.lr_scheduler_type == "cosine"
+    config.learning_rate = 5e-4  # no longer a knob
+    assert set(config.knobs) == {"lr_scheduler_type"}
+    assert config.concrete_config({"lr_scheduler_type": "linear"}).learning_rate == 5e-4

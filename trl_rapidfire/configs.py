@@ -314,6 +314,19 @@ class RFConfigMixin:
                 object.__setattr__(self, name, raw[name])
         if raw["eval_strategy"] == CHUNK:
             self.do_eval = True
+        object.__setattr__(self, "_rf_ready", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Scripts set fields after parsing (TRL's sft.py sets `model_init_kwargs`): every run's
+        # concrete config is built from the raw values, so they must follow such assignments.
+        super().__setattr__(name, value)
+        if not self.__dict__.get("_rf_ready") or name not in self._rf_raw:
+            return
+        raw = dict(self._rf_raw)
+        raw[name] = value
+        knobs = self._collect_knobs(raw)
+        object.__setattr__(self, "_rf_raw", raw)
+        object.__setattr__(self, "_rf_knobs", knobs)
 
     def _collect_knobs(self, raw: dict[str, Any]) -> dict[str, Knob]:
         types = _field_types(type(self))

@@ -359,6 +359,12 @@ class RFTrainerMixin:
         target = output_dir if output_dir is not None else self.args.output_dir
         self._rf_current().save_model(target, _internal_call=_internal_call)
 
+    def end(self) -> None:
+        """Finish every run's trackers (the Trainer's ``end()``, once per run)."""
+        for slot in self._rf_engine.slots.values():
+            if slot.trainer is not None and hasattr(slot.trainer, "end"):
+                slot.trainer.end()
+
     def add_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> None:
         """Add a callback to every run (a copy each)."""
         for slot in self._rf_engine.slots.values():
