@@ -248,3 +248,25 @@ def test_plain_sft_config_is_one_run_in_one_chunk(model_path, tmp_path):
     rf.train()
     assert [(c.start_step, c.end_step) for c in rf.schedule] == [(0, 3)]
     assert rf.state.global_step == 3
+
+
+class _Interrupt(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.learning_rate == 2e-3 and state.global_step == 3:
+            raise KeyboardInterrupt
+
+
+def test_keyboard_interrupt_stops_the_experiment_and_unwinds_every_run(model_path, tmp_path):
+    rf = RFSFTTrainer(
+        model=model_path,
+        args=RFSFTConfig(output_dir=str(tmp_path), num_chunks=4, max_steps=8,
+                         learning_rate=List([1e-3, 2e-3]), **BASE),
+        train_dataset=make_sft_dataset(32),
+        peft_config=tiny_lora_config(r=4),
+        callbacks=[_Interrupt()],
+    )
+    with pytest.raises(KeyboardInterrupt):
+        rf.train()
+    slots = rf.engine.slots.values()
+    assert all(s.coroutine.finished for s in slots)  # nothing left suspended
+    assert not any(s.state.status == RunStatus.FAILED for s in slots)  # not the run's fault

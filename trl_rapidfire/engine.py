@@ -376,6 +376,8 @@ class Engine:
         if slot.error is not None:
             slot.state.fail(slot.error)
             slot.residency.drop(self.cache)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # after an out-of-memory error, give the rest back
             if self._resident is slot:
                 self._resident = None
             warnings.warn(f"{slot.name} failed: {slot.error}", RuntimeWarning, stacklevel=2)
