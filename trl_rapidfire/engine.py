@@ -34,6 +34,7 @@ from transformers import TrainerCallback
 from .accelerate_state import restore_accelerate_state, snapshot_accelerate_state
 from .cache import StateCache
 from .chunks import ChunkPlan, plan_chunks, training_steps
+from .control import Op, OpError, OpRecord, append_op_row, parse_op
 from .models import ModelGroup, ModelPool
 from .progress import ExperimentProgress
 from .residency import Residency
@@ -42,6 +43,7 @@ from .runs import RunState, RunStatus
 from .schedule import ChunkRecord, append_schedule_row, write_schedule_csv
 from .scheduler import RunView, pick_next
 from .switch import Aborted, RngState, RunCoroutine
+from .tracking import PROGRESS_TAG, STATUS_TAG, Tracker
 
 __all__ = ["ChunkCallback", "Engine", "EngineStats", "RunSlot", "RunFailure"]
 
@@ -95,6 +97,8 @@ class RunSlot:
     _resumed_at: float = 0.0
     _yielded_at: set[int] = field(default_factory=set)
     _eval_rng: RngState | None = None
+    _points: list[tuple[str, float, int, int]] = field(default_factory=list)
+    warm_optimizer_state: list[dict[str, Any] | None] | None = None
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -143,12 +147,22 @@ class ChunkCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
         slot = self.slot
+        if slot.warm_optimizer_state is not None:
+            self.engine.load_warm_optimizer_state(slot)
         if state.max_steps != slot.plan.total_steps and train_dataloader is not None:
             # The dataloader is the truth (e.g. a sampler that drops batches): re-plan from it.
             slot.plan = self.engine.plan_for(
                 slot.name, len(train_dataloader), args, total_steps=state.max_steps
             )
             self.engine.replanned()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # Kept in memory; the engine hands a chunk's points to the tracker when the chunk ends.
+        now = int(time.time() * 1000)
+        step = int(state.global_step)
+        for key, value in (logs or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.slot._points.append((key, float(value), step, now))
 
     def on_step_begin(self, args, state, control, **kwargs):
         slot = self.slot
@@ -200,6 +214,10 @@ class Engine:
         self.cache = cache
         self.worker = worker
         self.pool = pool
+        self.tracker: Tracker | None = None
+        self.op_log: list[OpRecord] = []
+        self.clone_builder: Callable[[RunSlot, Op], RunSlot] | None = None
+        self._queued_ops: list[tuple[str, str, str]] = []
         self.slots: dict[str, RunSlot] = {}
         self.schedule: list[ChunkRecord] = []
         self.stats = EngineStats()
@@ -395,6 +413,7 @@ class Engine:
                 # train() ended early (a callback stopped it): the run is done all the same.
                 slot.state.chunks_done = len(slot.plan)
             slot.state.move(RunStatus.COMPLETED)
+        self._report(slot)
         if self._progress is not None and slot.error is None:
             self._progress.chunk_done(self.results())
 
@@ -409,12 +428,15 @@ class Engine:
         gc.collect()
         gc.freeze()
         started = time.perf_counter()
+        ok = False
         try:
             while True:
+                self.apply_ops()
                 name = pick_next(self._views(), self._resident.name if self._resident else None)
                 if name is None:
                     break
                 self._turn(self.slots[name])
+            ok = True
         finally:
             gc.unfreeze()
             self.stats.wall += time.perf_counter() - started
@@ -422,7 +444,140 @@ class Engine:
             self.stats.turns = len(self.schedule)
             self._progress.close()
             self._progress = None
-            self._abort_suspended()
+            if not ok:
+                # Interrupted: unwind every suspended train(). On a normal end the only
+                # suspended runs are stopped ones, kept resumable for a later train().
+                self._abort_suspended()
+            if self.tracker is not None:
+                for slot in self.slots.values():
+                    if slot.state.status in (RunStatus.STOPPED, RunStatus.DELETED):
+                        self.tracker.end_run(slot.name, slot.state.status.value)
+                self.tracker.flush()
+
+    # ------------------------------------------------------------------ tracking
+
+    def progress_text(self, slot: RunSlot) -> str:
+        """``epoch 1/2 chunk 3/4 step 30/80``."""
+        plan, step = slot.plan, slot.state.global_step
+        if slot.trainer is None or not plan.chunks:
+            return f"step {step}"
+        chunk = plan.chunk_at(step) or plan.chunks[-1]
+        epochs = plan.chunks[-1].epoch + 1
+        per_epoch = sum(1 for c in plan.chunks if c.epoch == chunk.epoch)
+        done_in_epoch = chunk.index + (1 if step >= chunk.end_step else 0)
+        return (f"epoch {chunk.epoch + 1}/{epochs} chunk {done_in_epoch}/{per_epoch} "
+                f"step {step}/{plan.total_steps}")
+
+    def _report(self, slot: RunSlot) -> None:
+        if self.tracker is None:
+            slot._points.clear()
+            return
+        self.tracker.log_metrics(slot.name, list(slot._points))
+        slot._points.clear()
+        self.tracker.set_tags(slot.name, {STATUS_TAG: slot.state.status.value,
+                                          PROGRESS_TAG: self.progress_text(slot)})
+        if slot.state.status in (RunStatus.COMPLETED, RunStatus.FAILED):
+            self.tracker.end_run(slot.name, slot.state.status.value)
+
+    # ------------------------------------------------------------------ control ops
+
+    def queue_op(self, run: str, op: str, source: str = "python") -> None:
+        """Apply ``op`` to ``run`` at the next chunk boundary (or the next ``train()``)."""
+        self._queued_ops.append((source, run, op))
+
+    def apply_ops(self) -> list[OpRecord]:
+        """Apply every pending op (tags polled by the tracker, queued Python ops)."""
+        pending = list(self._queued_ops)
+        self._queued_ops.clear()
+        if self.tracker is not None:
+            pending += [("tag", run, text) for run, text in self.tracker.pending_ops().items()]
+        records = []
+        for source, run, text in pending:
+            try:
+                result = "ok: " + self._apply(run, parse_op(text))
+            except OpError as err:
+                result = f"error: {err}"
+            record = OpRecord.now(source, run, text, result)
+            records.append(record)
+            self.op_log.append(record)
+            append_op_row(record, self.output_dir / "ops.csv")
+            if self.tracker is not None:
+                if source == "tag" and run in self.slots:
+                    self.tracker.consume_op(run, text, result)
+                elif run in self.slots:
+                    self.tracker.set_tags(run, {"rapidfire.op.result": result})
+            if run in self.slots:
+                self._report(self.slots[run])
+            if result.startswith("error") and source != "tag":
+                warnings.warn(f"op {text!r} on {run}: {result}", RuntimeWarning, stacklevel=2)
+        return records
+
+    def _apply(self, run: str, op: Op) -> str:
+        slot = self.slots.get(run)
+        if slot is None:
+            raise OpError(f"no run named {run!r}; runs: {sorted(self.slots)}")
+        status = slot.state.status
+        if status == RunStatus.DELETED:
+            raise OpError(f"{run} is deleted; no op applies to it")
+        if op.verb == "stop":
+            if not status.schedulable:
+                raise OpError(f"{run} is {status.value}; only pending or running runs stop")
+            slot.state.move(RunStatus.STOPPED)
+            if slot.residency.resident and slot.trainer is not None and slot.state.chunks_done:
+                slot.residency.park(self.cache, slot.trainer.optimizer)
+                if self._resident is slot:
+                    self._resident = None
+            return f"stopped at step {slot.state.global_step}"
+        if op.verb == "resume":
+            if status != RunStatus.STOPPED:
+                raise OpError(f"{run} is {status.value}; only a stopped run can be resumed")
+            slot.state.resume()
+            return f"resumed at step {slot.state.global_step}"
+        if op.verb == "delete":
+            slot.state.move(RunStatus.DELETED)
+            if slot.coroutine is not None and not slot.coroutine.finished:
+                slot.coroutine.abort()
+            slot.residency.drop(self.cache)
+            if self._resident is slot:
+                self._resident = None
+            return "deleted"
+        if self.clone_builder is None:
+            raise OpError("this experiment cannot clone runs")
+        clone = self.clone_builder(slot, op)
+        if self._progress is not None:
+            self._progress.set_total(self.total_chunks)
+        return f"created {clone.name}" + (f" warm-started from {run}" if op.warm else "")
+
+    def parent_state(self, slot: RunSlot) -> tuple[list[torch.Tensor], list[Any]]:
+        """Copies of ``slot``'s parameter values and per-parameter optimizer state, as of its
+        last finished chunk (for a warm-started clone)."""
+        if slot.residency.resident:
+            from .residency import inner_optimizer
+
+            values = [p.detach().to("cpu", copy=True) for p in slot.residency.params]
+            opt = inner_optimizer(slot.trainer.optimizer) if slot.trainer else None
+            states = []
+            for p in slot.residency.params:
+                st = opt.state.get(p) if opt is not None else None
+                states.append({k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor)
+                               else v for k, v in st.items()} if st else None)
+            return values, states
+        if slot.residency.key in self.cache:
+            tree = self.cache.get(slot.residency.key, copy=True)
+            return list(tree["params"]), list(tree["optimizer"])
+        raise OpError(f"{slot.name} has no weights to start from")
+
+    def load_warm_optimizer_state(self, slot: RunSlot) -> None:
+        """Inside the clone's ``train()``, once its optimizer exists: give it the parent's
+        moments (shapes were checked when the clone was made)."""
+        from .residency import inner_optimizer
+
+        opt = inner_optimizer(slot.trainer.optimizer)
+        for p, state in zip(slot.residency.params, slot.warm_optimizer_state or []):
+            if state is not None:
+                opt.state[p] = {k: v.to(p.device) if isinstance(v, torch.Tensor) else v
+                                for k, v in state.items()}
+        slot.warm_optimizer_state = None
 
     def activate(self, name: str) -> None:
         """Make ``name``'s weights the live ones in its model (after training, for the best

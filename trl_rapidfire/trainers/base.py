@@ -12,6 +12,8 @@ plain TRL trainer plus :class:`RunTrainerMixin`), hands them to the
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import os
 import tempfile
 import warnings
@@ -21,12 +23,17 @@ from typing import Any
 
 import torch
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+from transformers.integrations import MLflowCallback
 from transformers.trainer_utils import TrainOutput
 
+from ..accelerate_state import preserved_accelerate_state
 from ..cache import StateCache
 from ..configs import RFConfigError, RFConfigMixin
+from ..control import Op, OpError, OpRecord, resolve_overrides
 from ..engine import Engine, RunFailure
+from ..knobs import KnobError, describe_value, is_knob
 from ..models import ModelPool, adapter_name, adapter_params
+from ..preflight import PreflightError, check_run
 from ..results import RunResult, pick_best
 from ..schedule import ChunkRecord
 from ..search import GridSearch, RunSpec, Search
@@ -49,8 +56,8 @@ class RunTrainerMixin:
         self._rf_adapter = rf_adapter
         self._rf_flop_params: int | None = None
         super().__init__(*args, **kwargs)
-        for cb in (ProgressCallback, PrinterCallback):
-            self.remove_callback(cb)
+        for cb in (ProgressCallback, PrinterCallback, MLflowCallback):
+            self.remove_callback(cb)  # one bar for the experiment; MLflow is the engine's
         try:
             from transformers.utils.notebook import NotebookProgressCallback
 
@@ -168,7 +175,19 @@ class RFTrainerMixin:
             out, self._rf_cache, progress=not args.disable_tqdm, pool=self._rf_pool
         )
         self._rf_best: str | None = None
-        self._rf_trained = False
+        self._rf_shared = shared_args
+        self._rf_knob_args = knob_args
+        self._rf_specs: dict[str, RunSpec] = {}
+        self._rf_engine.clone_builder = self._rf_clone
+        if _tracks_to_mlflow(args):
+            from ..tracking import Tracker
+
+            tracker = Tracker(out)
+            self._rf_engine.tracker = tracker
+            print(  # noqa: T201 - the user needs this to open the dashboard
+                f"trl-rapidfire: tracking to {tracker.uri} (experiment "
+                f"{tracker.experiment_name!r}); dashboard: trl-rapidfire dashboard"
+            )
         for spec in specs:
             try:
                 self._rf_add_run(spec, shared_args)
@@ -205,7 +224,10 @@ class RFTrainerMixin:
         turned into ``"no"`` in the TRL config: the engine does the chunk-time work)."""
         return spec.knobs.get(name, self._rf_raw_args.get(name))
 
-    def _rf_add_run(self, spec: RunSpec, shared: dict[str, Any]) -> None:
+    def _rf_add_run(
+        self, spec: RunSpec, shared: dict[str, Any], tags: dict[str, str] | None = None
+    ) -> Any:
+        self._rf_specs[spec.name] = spec
         config = spec.config
         run_dir = Path(self.args.output_dir) / "runs" / spec.name
         config.output_dir = str(run_dir)
@@ -272,6 +294,104 @@ class RFTrainerMixin:
             chunk_save=self._rf_strategy(spec, "save_strategy") == CHUNK,
         )
         slot.residency.resident = resident
+        tracker = self._rf_engine.tracker
+        if tracker is not None:
+            params = {k: v for k, v in config.to_dict().items()}
+            params.update({k: describe_value(v) for k, v in spec.knobs.items()
+                           if k not in params})
+            tracker.ensure_run(spec.name, params, {"rapidfire.status": "pending", **(tags or {})})
+        return slot
+
+    def _rf_clone(self, parent: Any, op: Op) -> Any:
+        """Build the run an op ``clone``/``clone-warm`` asks for (between two chunks)."""
+        spec = self._rf_specs.get(parent.name)
+        if spec is None:
+            raise OpError(f"{parent.name} never had a trainer; it cannot be cloned")
+        config_fields = (dict(self.args._rf_raw) if isinstance(self.args, RFConfigMixin)
+                         else {f.name: getattr(self.args, f.name)
+                               for f in dataclasses.fields(self.args)})
+        knob_specs = dict(getattr(self.args, "knobs", {}))
+        knob_specs.update({k: v for k, v in self._rf_knob_args.items() if is_knob(v)})
+        overrides = resolve_overrides(op.overrides, parent.knobs, knob_specs, config_fields,
+                                      spec.trainer_kwargs)
+        knobs = {**parent.knobs, **overrides}
+        trainer_kwargs = {**spec.trainer_kwargs,
+                          **{k: v for k, v in overrides.items() if k in spec.trainer_kwargs}}
+        index = max(s.index for s in self._rf_engine.slots.values()) + 1
+        name = f"run-{index}"
+        if op.warm:
+            _check_warm_start(parent.name, spec.trainer_kwargs, trainer_kwargs)
+        choices = {k: v for k, v in knobs.items() if k not in spec.trainer_kwargs}
+        try:
+            if isinstance(self.args, RFConfigMixin):
+                config = self.args.concrete_config(choices)
+            else:
+                with preserved_accelerate_state():
+                    config = dataclasses.replace(copy.deepcopy(self.args), **choices)
+            check_run(config, trainer_kwargs)
+        except (RFConfigError, PreflightError, KnobError, ValueError, TypeError) as err:
+            raise OpError(f"invalid clone of {parent.name}: {err}") from None
+        new_spec = RunSpec(name=name, index=index, knobs=knobs, config=config,
+                           trainer_kwargs=trainer_kwargs)
+        tags = {"rapidfire.parent": parent.name, "rapidfire.warm_start": str(op.warm).lower()}
+        try:
+            slot = self._rf_add_run(new_spec, self._rf_shared, tags=tags)
+        except Exception as err:  # noqa: BLE001 - reported as the op's result
+            self._rf_specs.pop(name, None)
+            raise OpError(f"could not build {name}: {type(err).__name__}: {err}") from None
+        slot.state.parent = parent.name
+        slot.state.warm_start = op.warm
+        if op.warm:
+            self._rf_warm_start(slot, parent)
+        return slot
+
+    def _rf_warm_start(self, slot: Any, parent: Any) -> None:
+        values, states = self._rf_engine.parent_state(parent)
+        params = slot.residency.params
+        shapes = [tuple(p.shape) for p in params]
+        if shapes != [tuple(v.shape) for v in values]:
+            self._rf_engine.slots.pop(slot.name)
+            slot.residency.drop(self._rf_cache)
+            raise OpError(f"warm start of {slot.name} from {parent.name}: the trainable "
+                          "parameters' shapes differ (adapter rank, targets or model changed); "
+                          "use `clone` to train it from scratch")
+        if slot.residency.resident:
+            with torch.no_grad():
+                for p, v in zip(params, values):
+                    p.data.copy_(v.to(p.device))
+        else:
+            # Full fine-tuning: the clone's weights are swapped in at its first turn.
+            self._rf_cache.put(slot.residency.key,
+                               {"params": values, "optimizer": [None] * len(values)})
+            slot.residency._param_devices = [p.device for p in params]
+            slot.residency._state_devices = [{} for _ in params]
+        slot.warm_optimizer_state = states
+
+    # ------------------------------------------------------------------ control ops
+
+    def stop(self, run: str) -> None:
+        """Stop ``run`` at the next chunk boundary (its state is kept; see :meth:`resume`)."""
+        self._rf_engine.queue_op(run, "stop")
+
+    def resume(self, run: str) -> None:
+        """Put a stopped ``run`` back into the rotation."""
+        self._rf_engine.queue_op(run, "resume")
+
+    def delete(self, run: str) -> None:
+        """Remove ``run`` for good and free its state."""
+        self._rf_engine.queue_op(run, "delete")
+
+    def clone(self, run: str, overrides: dict[str, Any] | None = None, *,
+              warm: bool = False) -> None:
+        """Add a run with ``run``'s knobs plus ``overrides``; ``warm`` starts it from
+        ``run``'s weights. Same syntax as the ``clone`` op (see :mod:`trl_rapidfire.control`)."""
+        verb = "clone-warm" if warm else "clone"
+        self._rf_engine.queue_op(run, f"{verb} {json.dumps(overrides or {})}")
+
+    @property
+    def op_log(self) -> list[OpRecord]:
+        """Every op applied or rejected so far (also in ``<output_dir>/ops.csv``)."""
+        return list(self._rf_engine.op_log)
 
     # ------------------------------------------------------------------ training
 
@@ -285,7 +405,9 @@ class RFTrainerMixin:
         """Train every run, chunk by chunk, and return the best run's ``TrainOutput``.
 
         Failed runs are reported (a warning naming each) and the others finish; if every run
-        fails, :class:`~trl_rapidfire.engine.RunFailure` is raised.
+        fails, :class:`~trl_rapidfire.engine.RunFailure` is raised. Returns when no run is left
+        to train: completed, failed, deleted or stopped. Stopped runs stay resumable: resume
+        them (an op, or :meth:`resume`) and call ``train()`` again to continue.
         """
         if resume_from_checkpoint not in (None, False):
             raise ValueError(
@@ -295,9 +417,6 @@ class RFTrainerMixin:
             )
         if trial is not None:
             raise ValueError("RF trainers run their own search; `trial` is not supported.")
-        if self._rf_trained:
-            raise RuntimeError("train() was already called on this trainer; build a new one.")
-        self._rf_trained = True
         engine = self._rf_engine
         engine.run()
         failures = engine.failures()
@@ -407,6 +526,34 @@ def _delegate(name: str) -> Callable[..., Any]:
     method.__name__ = name
     method.__doc__ = f"``{name}`` of the best run's trainer (before ``train()``: the first run's)."
     return method
+
+
+def _tracks_to_mlflow(args: Any) -> bool:
+    report_to = args.report_to
+    if isinstance(report_to, str):
+        report_to = [report_to]
+    return bool(report_to) and ("mlflow" in report_to or "all" in report_to)
+
+
+_SHAPE_FIELDS = ("peft_type", "r", "target_modules", "modules_to_save", "rank_pattern",
+                 "use_dora", "layers_to_transform", "trainable_token_indices", "bias")
+
+
+def _check_warm_start(parent: str, before: dict[str, Any], after: dict[str, Any]) -> None:
+    if after.get("model") is not before.get("model") and after.get("model") != before.get(
+        "model"
+    ):
+        raise OpError(f"warm start from {parent} across a change of base model is not possible; "
+                      "use `clone` to train from scratch")
+    old, new = before.get("peft_config"), after.get("peft_config")
+    if (old is None) != (new is None):
+        raise OpError(f"warm start from {parent} between LoRA and full fine-tuning is not "
+                      "possible; use `clone`")
+    if old is not None:
+        changed = [f for f in _SHAPE_FIELDS if getattr(old, f, None) != getattr(new, f, None)]
+        if changed:
+            raise OpError(f"warm start from {parent}: {changed} change the adapter's shape; "
+                          "use `clone` to train it from scratch")
 
 
 def _load_processing_class(base_model: Any, config: Any) -> Any:

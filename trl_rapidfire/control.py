@@ -1,0 +1,208 @@
+"""Interactive control ops: what a person (or a policy) may do to a run mid-flight.
+
+An op is a short text, the value of the run tag ``rapidfire.op`` in the MLflow UI, the argument
+of the CLI, or a call of the functions below:
+
+=============================  ===============================================================
+``stop``                       park the run, state kept; it gets no more chunks until resumed
+``resume``                     put a stopped run back into the rotation
+``delete``                     remove the run for good and free its state
+``clone {json}``               a new run: the parent's knobs plus overrides, from scratch
+``clone-warm {json}``          the same, starting from the parent's weights (and optimizer
+                               moments when the shapes agree) as of its last finished chunk
+=============================  ===============================================================
+
+Overrides are a JSON object keyed by knob names as in ``run.knobs`` (config fields such as
+``learning_rate``, trainer arguments such as ``peft_config``); fields inside a dataclass-valued
+knob are dotted (``"peft_config.r": 32``); a knob whose candidates are objects or functions is
+set to one of its original candidates by index: ``{"reward_funcs": {"candidate": 1}}``.
+
+Text is only ever parsed as JSON, never evaluated. Ops take effect at the next chunk boundary;
+every op, applied or rejected, is written to the op log with its result.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import dataclasses
+import io
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .knobs import List, is_knob
+
+__all__ = [
+    "Op",
+    "OpError",
+    "OpRecord",
+    "VERBS",
+    "append_op_row",
+    "parse_op",
+    "resolve_overrides",
+]
+
+VERBS = ("stop", "resume", "delete", "clone", "clone-warm")
+_HINT = 'use one of: stop, resume, delete, clone {"knob": value}, clone-warm {"knob": value}'
+
+
+class OpError(ValueError):
+    """An op cannot be applied; the message says why (it becomes the op's result tag)."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """A parsed op: its verb and, for clones, the knob overrides."""
+
+    verb: str
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_clone(self) -> bool:
+        return self.verb in ("clone", "clone-warm")
+
+    @property
+    def warm(self) -> bool:
+        return self.verb == "clone-warm"
+
+    def __str__(self) -> str:
+        if self.is_clone:
+            return f"{self.verb} {json.dumps(dict(self.overrides), sort_keys=True)}"
+        return self.verb
+
+
+def parse_op(text: Any) -> Op:
+    """Parse op text (``"stop"``, ``'clone-warm {"learning_rate": 1e-4}'``, ...)."""
+    if not isinstance(text, str) or not text.strip():
+        raise OpError(f"empty op: {_HINT}")
+    verb, _, rest = text.strip().partition(" ")
+    verb = verb.lower()
+    rest = rest.strip()
+    if verb not in VERBS:
+        raise OpError(f"unknown op {verb!r}: {_HINT}")
+    if verb in ("stop", "resume", "delete"):
+        if rest:
+            raise OpError(f"`{verb}` takes no argument, got {rest!r}")
+        return Op(verb)
+    if not rest:
+        return Op(verb, {})
+    try:
+        overrides = json.loads(rest)
+    except json.JSONDecodeError as err:
+        raise OpError(f"`{verb}` overrides are not valid JSON ({err.msg} at column "
+                      f"{err.colno}): {rest!r}") from None
+    if not isinstance(overrides, dict):
+        raise OpError(f"`{verb}` overrides must be a JSON object like "
+                      f'{{"learning_rate": 1e-4}}, got {rest!r}')
+    return Op(verb, overrides)
+
+
+def resolve_overrides(
+    overrides: Mapping[str, Any],
+    parent_knobs: Mapping[str, Any],
+    knob_specs: Mapping[str, Any],
+    config_fields: Mapping[str, Any],
+    trainer_args: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The clone's values for every overridden knob.
+
+    Args:
+        overrides: the op's JSON object.
+        parent_knobs: the parent run's knob values (``run.knobs``).
+        knob_specs: the experiment's knobs as declared (``List``/``Range``), by name.
+        config_fields: the RF config's fields and current values (a field that was not a knob
+            may be overridden too).
+        trainer_args: trainer-level arguments (``peft_config``, ``model``, ...) and their
+            values in the parent run.
+
+    Raises:
+        OpError: unknown knob, dotted path into something that is not a dataclass, a field
+            that does not exist, a candidate index out of range.
+    """
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        name, _, attr = key.partition(".")
+        if name in parent_knobs:
+            current = parent_knobs[name]
+        elif name in trainer_args:
+            current = trainer_args[name]
+        elif name in config_fields:
+            current = config_fields[name]
+        else:
+            known = sorted(set(parent_knobs) | {k for k in trainer_args if k != "model"})
+            raise OpError(f"unknown knob {name!r}: overridable are the config fields and "
+                          f"the trainer arguments {known}")
+        if isinstance(value, dict) and set(value) == {"candidate"}:
+            spec = knob_specs.get(name)
+            if not isinstance(spec, List):
+                raise OpError(f"{name!r} was not a List knob, so it has no candidates to pick")
+            index = value["candidate"]
+            if isinstance(index, bool) or not isinstance(index, int) or not (
+                0 <= index < len(spec.values)
+            ):
+                raise OpError(f"{name!r} candidate must be an index in 0..{len(spec.values) - 1}, "
+                              f"got {index!r}")
+            value = spec.values[index]
+        if attr:
+            base = out.get(name, current)
+            if not dataclasses.is_dataclass(base) or isinstance(base, type):
+                raise OpError(f"{key!r}: {name!r} holds {type(base).__name__}, not a config "
+                              "object with fields")
+            names = {f.name for f in dataclasses.fields(base)}
+            if attr not in names:
+                raise OpError(f"{key!r}: {type(base).__name__} has no field {attr!r}")
+            base = copy.deepcopy(base)
+            try:
+                setattr(base, attr, value)
+            except Exception as err:  # noqa: BLE001 - reported as the op's result
+                raise OpError(f"{key!r}: {err}") from None
+            out[name] = base
+            continue
+        if is_knob(value):
+            raise OpError(f"{key!r}: give one value, not a knob")
+        out[name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One op as it was handled.
+
+    Attributes:
+        time: when it was applied (``time.time()``).
+        source: ``tag`` (MLflow UI or CLI), ``python``, or ``policy``.
+        run: the run it targeted.
+        op: the op text.
+        result: ``ok: ...`` or ``error: ...``.
+    """
+
+    time: float
+    source: str
+    run: str
+    op: str
+    result: str
+
+    @classmethod
+    def now(cls, source: str, run: str, op: str, result: str) -> OpRecord:
+        return cls(time.time(), source, run, op, result)
+
+
+_OP_FIELDS = [f.name for f in dataclasses.fields(OpRecord)]
+
+
+def append_op_row(record: OpRecord, path: str | os.PathLike) -> None:
+    """Append one record to ``ops.csv`` (the header is written with the first row)."""
+    path = Path(path)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=_OP_FIELDS, lineterminator="\n")
+    if not path.exists():
+        writer.writeheader()
+    writer.writerow(dataclasses.asdict(record))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(buf.getvalue())
