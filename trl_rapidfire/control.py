@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 VERBS = ("stop", "resume", "delete", "clone", "clone-warm")
+_EXPERIMENT_WIDE = frozenset({"output_dir", "num_chunks", "cache_budget_bytes", "report_to"})
 _HINT = 'use one of: stop, resume, delete, clone {"knob": value}, clone-warm {"knob": value}'
 
 
@@ -127,6 +128,8 @@ def resolve_overrides(
     out: dict[str, Any] = {}
     for key, value in overrides.items():
         name, _, attr = key.partition(".")
+        if name in _EXPERIMENT_WIDE:
+            raise OpError(f"{name!r} describes the whole experiment; a clone cannot change it")
         if name in parent_knobs:
             current = parent_knobs[name]
         elif name in trainer_args:
@@ -156,17 +159,45 @@ def resolve_overrides(
             names = {f.name for f in dataclasses.fields(base)}
             if attr not in names:
                 raise OpError(f"{key!r}: {type(base).__name__} has no field {attr!r}")
-            base = copy.deepcopy(base)
+            _check_json_value(key, value, getattr(base, attr))
             try:
-                setattr(base, attr, value)
+                # replace() re-runs the config's own validation (__post_init__).
+                base = dataclasses.replace(copy.deepcopy(base), **{attr: value})
             except Exception as err:  # noqa: BLE001 - reported as the op's result
-                raise OpError(f"{key!r}: {err}") from None
+                raise OpError(f"{key!r}: {type(err).__name__}: {err}") from None
             out[name] = base
             continue
         if is_knob(value):
             raise OpError(f"{key!r}: give one value, not a knob")
+        _check_json_value(key, value, current)
         out[name] = value
     return out
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _check_json_value(key: str, value: Any, current: Any) -> None:
+    """A JSON value must fit the kind of value it replaces: JSON cannot spell a function or a
+    config object (pick a candidate), nor turn a number into text."""
+    if not isinstance(current, (*_JSON_SCALARS, list, tuple, dict)) and value is not None:
+        if not isinstance(value, type(current)):
+            raise OpError(f"{key!r} holds {type(current).__name__} values, which JSON cannot "
+                          f'spell: pick one of its candidates, {{"{key}": {{"candidate": 0}}}}, '
+                          "or set one of its fields with a dotted name")
+        return
+    if isinstance(current, bool) or isinstance(value, bool):
+        if current is not None and isinstance(current, bool) != isinstance(value, bool):
+            raise OpError(f"{key!r} takes true or false like {current!r}, got {value!r}")
+        return
+    if isinstance(current, (int, float)) and not isinstance(value, (int, float)):
+        raise OpError(f"{key!r} takes a number like {current!r}, got {value!r}")
+    if isinstance(current, str) and not isinstance(value, str):
+        raise OpError(f"{key!r} takes a string like {current!r}, got {value!r}")
+    if isinstance(value, (list, dict)) and isinstance(current, _JSON_SCALARS) and (
+        current is not None
+    ):
+        raise OpError(f"{key!r} takes a single value like {current!r}, got {value!r}")
 
 
 @dataclass(frozen=True)

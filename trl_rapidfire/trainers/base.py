@@ -320,6 +320,9 @@ class RFTrainerMixin:
         index = max(s.index for s in self._rf_engine.slots.values()) + 1
         name = f"run-{index}"
         if op.warm:
+            if parent.state.chunks_done == 0:
+                raise OpError(f"{parent.name} has not finished a chunk yet: nothing to warm-start "
+                              "from; use `clone`, or wait for its first chunk")
             _check_warm_start(parent.name, spec.trainer_kwargs, trainer_kwargs)
         choices = {k: v for k, v in knobs.items() if k not in spec.trainer_kwargs}
         try:
@@ -337,7 +340,7 @@ class RFTrainerMixin:
         try:
             slot = self._rf_add_run(new_spec, self._rf_shared, tags=tags)
         except Exception as err:  # noqa: BLE001 - reported as the op's result
-            self._rf_specs.pop(name, None)
+            self._rf_undo_run(name)
             raise OpError(f"could not build {name}: {type(err).__name__}: {err}") from None
         slot.state.parent = parent.name
         slot.state.warm_start = op.warm
@@ -345,13 +348,25 @@ class RFTrainerMixin:
             self._rf_warm_start(slot, parent)
         return slot
 
+    def _rf_undo_run(self, name: str) -> None:
+        """Take back a run whose build failed half-way (its adapter, its group entry)."""
+        self._rf_specs.pop(name, None)
+        self._rf_engine.slots.pop(name, None)
+        for group in self._rf_pool.groups.values():
+            if name in group.runs:
+                group.runs.remove(name)
+            adapter = adapter_name(int(name.rsplit("-", 1)[1]))
+            peft_config = getattr(group.model, "peft_config", None)
+            if isinstance(peft_config, dict) and adapter in peft_config:
+                group.model.delete_adapter(adapter)
+                group._tuner_layers = group._aux_modules = None
+
     def _rf_warm_start(self, slot: Any, parent: Any) -> None:
         values, states = self._rf_engine.parent_state(parent)
         params = slot.residency.params
         shapes = [tuple(p.shape) for p in params]
         if shapes != [tuple(v.shape) for v in values]:
-            self._rf_engine.slots.pop(slot.name)
-            slot.residency.drop(self._rf_cache)
+            self._rf_undo_run(slot.name)
             raise OpError(f"warm start of {slot.name} from {parent.name}: the trainable "
                           "parameters' shapes differ (adapter rank, targets or model changed); "
                           "use `clone` to train it from scratch")
