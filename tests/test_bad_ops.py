@@ -82,7 +82,7 @@ def test_bad_ops_are_rejected_and_the_runs_finish_unchanged(monkeypatch, tmp_pat
         rf.train()
     results = [r.result for r in rf.op_log]
     assert len(results) == len(BAD_OPS) >= 20
-    for (run, text, fragment), result in zip(BAD_OPS, results):
+    for (_run, text, fragment), result in zip(BAD_OPS, results):
         assert result.startswith("error: "), (text, result)
         assert fragment in result, (text, result)
     # A deleted run accepts nothing more, and a completed one cannot be stopped or resumed.

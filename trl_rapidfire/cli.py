@@ -3,12 +3,24 @@
 Commands:
   version                 print the versions of trl-rapidfire and the stack under it
   expand CONFIG.yaml      print the runs a YAML config group expands into (nothing is trained)
+  dashboard               start the MLflow UI on 127.0.0.1 for the store in use
+  status                  a table of the runs of an experiment
+  stop|resume|delete RUN  control ops (applied by the experiment at its next chunk boundary)
+  clone RUN --set K=V     a new run from RUN's knobs plus overrides (--warm: from its weights)
+
+The op commands only set the run tag ``rapidfire.op``, exactly as the MLflow UI's tag editor
+does; the training process applies it and writes ``rapidfire.op.result``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Sequence
 
 from . import __version__
@@ -46,6 +58,88 @@ def _cmd_expand(args: argparse.Namespace) -> int:
     return 0
 
 
+def _where(args: argparse.Namespace) -> dict:
+    return {"output_dir": args.output_dir, "experiment": args.experiment, "uri": args.uri}
+
+
+def _fmt(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else "-"
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from .control import experiment_runs, find_experiment
+    from .display import table
+
+    exp = find_experiment(**_where(args))
+    rows = []
+    for run in experiment_runs(exp):
+        tags, metrics = run.data.tags, run.data.metrics
+        rows.append([tags.get("rapidfire.run"), tags.get("rapidfire.status", "-"),
+                     tags.get("rapidfire.progress", "-"), _fmt(metrics.get("loss")),
+                     _fmt(metrics.get("eval_loss")), tags.get("rapidfire.op", ""),
+                     tags.get("rapidfire.op.result", "")])
+    print(f"experiment {exp.name!r} ({exp.rf_experiment[:8]}) in {exp.uri}")
+    print(table(["run", "status", "progress", "loss", "eval_loss", "pending op", "last op"],
+                rows))
+    return 0
+
+
+def _cmd_op(args: argparse.Namespace) -> int:
+    from .control import send_op
+
+    if args.command == "clone":
+        overrides = {}
+        for item in args.set or []:
+            key, sep, raw = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"--set takes KEY=VALUE, got {item!r}")
+            try:
+                overrides[key] = json.loads(raw)
+            except json.JSONDecodeError:
+                overrides[key] = raw  # a bare word is a string
+        op = f"{'clone-warm' if args.warm else 'clone'} {json.dumps(overrides)}"
+    else:
+        op = args.command
+    send_op(args.run, op, **_where(args))
+    print(f"{args.run}: {op} sent; it applies at the experiment's next chunk boundary "
+          "(see `trl-rapidfire status`)")
+    return 0
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from .tracking import resolve_tracking_uri
+
+    uri = args.uri or resolve_tracking_uri()
+    if not uri.startswith(("sqlite:", "postgresql", "mysql", "file:")) and "://" in uri:
+        print(f"The store {uri} is a tracking server already: open it in a browser.")
+        return 0
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+           "--host", "127.0.0.1", "--port", str(args.port), "--workers", "1"]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    print(f"MLflow UI for {uri}: http://127.0.0.1:{args.port}  (Ctrl-C to stop)", flush=True)
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+        return proc.returncode or 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers, no orphans
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _add_where(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output-dir", help="the experiment's output_dir (default: the latest "
+                   "experiment in the store)")
+    p.add_argument("--experiment", help="MLflow experiment name (its latest experiment)")
+    p.add_argument("--uri", help="tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trl-rapidfire",
@@ -67,6 +161,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-runs", type=int, default=8, help="draws for --search random")
     p.add_argument("--seed", type=int, default=0, help="seed for --search random")
     p.set_defaults(func=_cmd_expand)
+
+    p = sub.add_parser("dashboard", help="start the MLflow UI on 127.0.0.1 for the store in use")
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--uri", help="tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    p.set_defaults(func=_cmd_dashboard)
+    p = sub.add_parser("status", help="a table of the runs of an experiment")
+    _add_where(p)
+    p.set_defaults(func=_cmd_status)
+    for verb, text in (("stop", "stop RUN (state kept, resumable)"),
+                       ("resume", "put a stopped RUN back into the rotation"),
+                       ("delete", "remove RUN for good")):
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("run")
+        _add_where(p)
+        p.set_defaults(func=_cmd_op)
+    p = sub.add_parser("clone", help="a new run from RUN's knobs plus --set overrides")
+    p.add_argument("run")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help='a knob override; VALUE is JSON (1e-4, "cosine", {"candidate": 1}) '
+                   "or a bare word; dotted keys set fields: peft_config.r=32")
+    p.add_argument("--warm", action="store_true", help="start from RUN's weights")
+    _add_where(p)
+    p.set_defaults(func=_cmd_op)
     return parser
 
 
@@ -82,8 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.overrides = rest
     try:
         return args.func(args)
-    except ValueError as err:
-        print(f"trl-rapidfire {args.command}: error: {err}", file=sys.stderr)
+    except (ValueError, LookupError) as err:
+        message = str(err).strip('"')
+        print(f"trl-rapidfire {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -38,13 +38,21 @@ from typing import Any
 from .knobs import List, is_knob
 
 __all__ = [
+    "Experiment",
     "Op",
     "OpError",
     "OpRecord",
     "VERBS",
     "append_op_row",
+    "clone",
+    "delete",
+    "experiment_runs",
+    "find_experiment",
     "parse_op",
     "resolve_overrides",
+    "resume",
+    "send_op",
+    "stop",
 ]
 
 VERBS = ("stop", "resume", "delete", "clone", "clone-warm")
@@ -237,3 +245,124 @@ def append_op_row(record: OpRecord, path: str | os.PathLike) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(buf.getvalue())
+
+
+# --------------------------------------------------------------------------------------------
+# Sending ops from outside the training process: they are run tags, like the MLflow UI's.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """An experiment found in an MLflow store."""
+
+    uri: str
+    experiment_id: str
+    rf_experiment: str
+    parent_run_id: str
+    name: str
+
+
+def find_experiment(
+    *, output_dir: str | os.PathLike | None = None, experiment: str | None = None,
+    uri: str | None = None,
+) -> Experiment:
+    """Find an experiment in the store: by its ``output_dir``, by MLflow experiment name (its
+    latest), or the latest experiment in the store when neither is given.
+
+    Raises:
+        LookupError: nothing matches (the message says where it looked).
+    """
+    from mlflow import MlflowClient
+
+    from .tracking import EXPERIMENT_TAG, ROLE_TAG, resolve_tracking_uri
+
+    uri = uri or resolve_tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        raise LookupError(f"no MLflow store at {uri}; set MLFLOW_TRACKING_URI or run from the "
+                          "folder that holds mlflow.db")
+    client = MlflowClient(uri)
+    flt = f"tags.`{ROLE_TAG}` = 'experiment'"
+    if output_dir is not None:
+        marker = Path(output_dir) / ".rapidfire" / "experiment.json"
+        if not marker.is_file():
+            raise LookupError(f"{output_dir} holds no trl-rapidfire experiment ({marker} is "
+                              "missing)")
+        flt += f" and tags.`{EXPERIMENT_TAG}` = '{json.loads(marker.read_text())['id']}'"
+    if experiment is not None:
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            raise LookupError(f"no MLflow experiment named {experiment!r} in {uri}")
+        ids = [exp.experiment_id]
+    else:
+        ids = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(ids, filter_string=flt, order_by=["attributes.start_time DESC"],
+                              max_results=1) if ids else []
+    if not runs:
+        raise LookupError(f"no trl-rapidfire experiment found in {uri}")
+    run = runs[0]
+    return Experiment(uri, run.info.experiment_id, run.data.tags[EXPERIMENT_TAG],
+                      run.info.run_id, client.get_experiment(run.info.experiment_id).name)
+
+
+def experiment_runs(exp: Experiment) -> list[Any]:
+    """The MLflow runs of ``exp``'s RF runs, in run order."""
+    from mlflow import MlflowClient
+
+    from .tracking import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG
+
+    runs = MlflowClient(exp.uri).search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.`{ROLE_TAG}` = 'run' and tags.`{EXPERIMENT_TAG}` = "
+                      f"'{exp.rf_experiment}'",
+        max_results=5000,
+    )
+
+    def order(run: Any) -> tuple[int, str]:
+        name = run.data.tags.get(RUN_TAG, "")
+        tail = name.rsplit("-", 1)[-1]
+        return (int(tail) if tail.isdigit() else 1 << 30, name)
+
+    return sorted(runs, key=order)
+
+
+def send_op(run: str, op: str, **where: Any) -> str:
+    """Set the op tag of ``run`` (checked for syntax first); returns the MLflow run id.
+
+    ``where``: ``output_dir=``, ``experiment=`` and/or ``uri=`` as for :func:`find_experiment`.
+    The training process applies it at its next chunk boundary and writes the result tag.
+    """
+    from mlflow import MlflowClient
+
+    from .tracking import OP_TAG, RUN_TAG
+
+    parse_op(op)
+    exp = find_experiment(**where)
+    for mlflow_run in experiment_runs(exp):
+        if mlflow_run.data.tags.get(RUN_TAG) == run:
+            MlflowClient(exp.uri).set_tag(mlflow_run.info.run_id, OP_TAG, op)
+            return mlflow_run.info.run_id
+    names = [r.data.tags.get(RUN_TAG) for r in experiment_runs(exp)]
+    raise LookupError(f"no run named {run!r} in experiment {exp.name!r}; runs: {names}")
+
+
+def stop(run: str, **where: Any) -> str:
+    """Ask the experiment to stop ``run`` (see :func:`send_op`)."""
+    return send_op(run, "stop", **where)
+
+
+def resume(run: str, **where: Any) -> str:
+    """Ask the experiment to resume the stopped ``run``."""
+    return send_op(run, "resume", **where)
+
+
+def delete(run: str, **where: Any) -> str:
+    """Ask the experiment to delete ``run`` for good."""
+    return send_op(run, "delete", **where)
+
+
+def clone(run: str, overrides: Mapping[str, Any] | None = None, *, warm: bool = False,
+          **where: Any) -> str:
+    """Ask the experiment to clone ``run`` with ``overrides`` (warm-started with ``warm``)."""
+    verb = "clone-warm" if warm else "clone"
+    return send_op(run, f"{verb} {json.dumps(dict(overrides or {}))}", **where)

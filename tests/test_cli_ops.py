@@ -1,0 +1,102 @@
+"""The CLI's view of a tracked experiment and its op commands, against a real sqlite store."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow import MlflowClient
+
+from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
+from trl_rapidfire.cli import main
+from trl_rapidfire.control import find_experiment
+from trl_rapidfire.testing import (
+    cpu_training_kwargs,
+    make_sft_dataset,
+    tiny_lora_config,
+    tiny_model_path,
+)
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("MLFLOW_TRACKING_URI", uri)
+    rf = RFSFTTrainer(
+        model=tiny_model_path(),
+        args=RFSFTConfig(output_dir=str(tmp / "exp"), num_chunks=2, max_steps=2,
+                         learning_rate=List([1e-3, 3e-3]), per_device_train_batch_size=4,
+                         **{**cpu_training_kwargs(), "report_to": "mlflow"}),
+        train_dataset=make_sft_dataset(16),
+        peft_config=tiny_lora_config(r=4),
+    )
+    rf.train()
+    yield rf, tmp, uri
+    mp.undo()
+
+
+def _tags(uri, rf, run):
+    tracker = rf.engine.tracker
+    return MlflowClient(uri).get_run(tracker.run_id(run)).data.tags
+
+
+def test_status_prints_every_run(experiment, capsys):
+    rf, tmp, uri = experiment
+    assert main(["status", "--uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert "experiment 'exp'" in out
+    assert "run-0" in out and "run-1" in out and "completed" in out and "step 2/2" in out
+    assert main(["status", "--uri", uri, "--output-dir", str(tmp / "exp")]) == 0
+    found = find_experiment(uri=uri, experiment="exp")
+    assert found.rf_experiment == rf.engine.tracker.rf_experiment
+
+
+def test_op_commands_set_the_tag_the_experiment_reads(experiment, capsys):
+    rf, tmp, uri = experiment
+    assert main(["stop", "run-1", "--uri", uri]) == 0
+    assert _tags(uri, rf, "run-1")["rapidfire.op"] == "stop"
+    assert main(["clone", "run-0", "--set", "learning_rate=1e-4", "--set",
+                 "peft_config.r=8", "--set", "lr_scheduler_type=cosine", "--uri", uri]) == 0
+    assert _tags(uri, rf, "run-0")["rapidfire.op"] == (
+        'clone {"learning_rate": 0.0001, "peft_config.r": 8, "lr_scheduler_type": "cosine"}'
+    )
+    # The experiment picks them up at its next boundary (here: the next train()).
+    rf.engine.tracker.poll_now()
+    rf.train()
+    results = {r.run: r.result for r in rf.op_log}
+    assert results["run-1"].startswith("error: run-1 is completed")
+    assert results["run-0"] == "ok: created run-2"
+    clone = {r.name: r for r in rf.runs}["run-2"]
+    assert clone.status == "completed" and clone.knobs["peft_config"].r == 8
+    assert "rapidfire.op" not in _tags(uri, rf, "run-0")
+    assert _tags(uri, rf, "run-0")["rapidfire.op.result"] == results["run-0"]
+    assert "applies at the experiment's next chunk boundary" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["stop", "run-9"], "no run named 'run-9'"),
+        (["resume"], None),  # argparse: RUN missing (exit 2 via SystemExit)
+        (["clone", "run-0", "--set", "learning_rate"], "--set takes KEY=VALUE"),
+        (["clone", "run-0", "--set", "=3"], "--set takes KEY=VALUE"),
+        (["status", "--experiment", "nope"], "no MLflow experiment named 'nope'"),
+        (["status", "--output-dir", "/nonexistent"], "holds no trl-rapidfire experiment"),
+        (["stop", "run-0", "--uri", "sqlite:////nonexistent/dir/mlflow.db"], "no MLflow store"),
+    ],
+)
+def test_bad_cli_calls_are_one_clear_line_and_a_nonzero_exit(experiment, capsys, argv,
+                                                              message):
+    _, _, uri = experiment
+    if "--uri" not in argv:
+        argv = [*argv, "--uri", uri] if argv[0] != "resume" else argv
+    if message is None:
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        return
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"trl-rapidfire {argv[0]}: error: ") and message in err
+    assert "\n" not in err
