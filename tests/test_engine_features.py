@@ -230,15 +230,16 @@ def test_progress_bar_and_runs_table(model_path, tmp_path, capsys):
     assert "learning_rate=0.002" in text
 
 
-def test_train_twice_and_resume_are_clear_errors(model_path, tmp_path):
+def test_resume_from_checkpoint_is_a_clear_error_and_train_again_is_a_no_op(model_path,
+                                                                            tmp_path):
     rf = RFSFTTrainer(model=model_path, train_dataset=make_sft_dataset(8), peft_config=
                       tiny_lora_config(r=4),
                       args=RFSFTConfig(output_dir=str(tmp_path), max_steps=1, **BASE))
     with pytest.raises(ValueError, match="resume_from_checkpoint"):
         rf.train(resume_from_checkpoint=True)
-    rf.train()
-    with pytest.raises(RuntimeError, match="already called"):
-        rf.train()
+    first = rf.train()
+    again = rf.train()  # nothing left to train: the same best run's output
+    assert again is first and len(rf.schedule) == 1
 
 
 def test_plain_sft_config_is_one_run_in_one_chunk(model_path, tmp_path):

@@ -246,10 +246,13 @@ class Tracker:
 
         def job() -> None:
             self.client.set_tag(handle.run_id, OP_RESULT_TAG, result[:5000])
-            try:
-                self.client.delete_tag(handle.run_id, OP_TAG)
-            except Exception:  # noqa: BLE001 - already gone (set again and removed)
-                pass
+            # Remove the tag only if it still holds this op: a person may have set the next
+            # one since (the queue runs behind the training), and that one must stay pending.
+            if self.client.get_run(handle.run_id).data.tags.get(OP_TAG) == op:
+                try:
+                    self.client.delete_tag(handle.run_id, OP_TAG)
+                except Exception:  # noqa: BLE001 - removed meanwhile
+                    pass
 
         self._jobs.put(job)
 

@@ -1,0 +1,162 @@
+"""Control from the MLflow UI, for real: a ``mlflow server`` on 127.0.0.1 and ops sent through
+its REST API (``POST /api/2.0/mlflow/runs/set-tag``, what the UI's tag editor calls) against a
+running experiment."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
+from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.testing import (
+    cpu_training_kwargs,
+    make_sft_dataset,
+    tiny_lora_config,
+    tiny_model_path,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    db = tmp_path_factory.mktemp("server") / "mlflow.db"
+    port = _free_port()
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("mlflow server did not start")
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def _rest(url: str, path: str, payload: dict | None = None) -> dict:
+    data = json.dumps(payload).encode() if payload is not None else None
+    req = urllib.request.Request(f"{url}{path}", data=data, method="POST" if data else "GET",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        raise AssertionError(f"{path}: {err.code} {err.read().decode()}") from None
+
+
+class _Person(TrainerCallback):
+    """What a person clicks in the UI, at given steps of run-0 (learning rate 1e-3)."""
+
+    def __init__(self, url: str, plan: dict[int, list[tuple[str, str]]]):
+        self.url, self.plan, self.trainer = url, plan, None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.learning_rate != 1e-3 or state.global_step not in self.plan:
+            return
+        tracker = self.trainer.engine.tracker
+        for run, op in self.plan.pop(state.global_step):
+            _rest(self.url, "/api/2.0/mlflow/runs/set-tag",
+                  {"run_id": tracker.run_id(run), "key": "rapidfire.op", "value": op})
+        tracker.poll_now()
+
+
+def test_ops_from_the_ui_take_effect_at_the_next_boundary(server, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+    path = tiny_model_path()
+    data = make_sft_dataset(32)
+    lora = tiny_lora_config(r=4, lora_dropout=0.1)
+    common = dict(cpu_training_kwargs(), per_device_train_batch_size=4, logging_steps=1,
+                  num_chunks=4, max_steps=8)
+    person = _Person(server, {
+        4: [("run-1", "stop")],
+        6: [("run-1", "resume"), ("run-2", "delete")],
+        8: [("run-0", 'clone {"learning_rate": 2e-3}'),
+            ("run-1", 'clone-warm {"learning_rate": 5e-4}')],
+    })
+    rf = RFSFTTrainer(
+        model=path,
+        args=RFSFTConfig(output_dir=str(tmp_path / "exp"), learning_rate=List([1e-3, 3e-3, 1e-4]),
+                         **{**common, "report_to": "mlflow"}),
+        train_dataset=data, peft_config=lora, callbacks=[person],
+    )
+    for slot in rf.engine.slots.values():
+        next(cb for cb in slot.trainer.callback_handler.callbacks
+             if isinstance(cb, _Person)).trainer = rf
+    rf.train()
+
+    # Ops set at the same moment on different runs apply at the same boundary, in any order
+    # (a run's tag holds one op at a time).
+    results = {(r.run, r.op): r.result for r in rf.op_log}
+    assert len(rf.op_log) == 5, [(r.run, r.op, r.result) for r in rf.op_log]
+    assert results[("run-1", "stop")] == "ok: stopped at step 2"
+    assert results[("run-1", "resume")] == "ok: resumed at step 2"
+    assert results[("run-2", "delete")] == "ok: deleted"
+    cold = results[("run-0", 'clone {"learning_rate": 2e-3}')]
+    warm = results[("run-1", 'clone-warm {"learning_rate": 5e-4}')]
+    assert {cold, warm} == {f"ok: created run-{i}" + (" warm-started from run-1" if w else "")
+                            for i, w in ((3, cold.endswith("run-4")), (4, cold.endswith("run-3")))}
+    warm_name = warm.split()[2]
+    assert {r.name: r.status for r in rf.runs} == {
+        "run-0": RunStatus.COMPLETED, "run-1": RunStatus.COMPLETED, "run-2": RunStatus.DELETED,
+        "run-3": RunStatus.COMPLETED, "run-4": RunStatus.COMPLETED}
+    assert {r.name: r.knobs["learning_rate"] for r in rf.runs}[warm_name] == 5e-4
+    tracker = rf.engine.tracker
+    for name, status in (("run-1", "FINISHED"), ("run-2", "KILLED"), (warm_name, "FINISHED")):
+        run = _rest(server, f"/api/2.0/mlflow/runs/get?run_id={tracker.run_id(name)}")["run"]
+        tags = {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+        assert run["info"]["status"] == status
+        assert "rapidfire.op" not in tags
+        if name == warm_name:
+            assert tags["rapidfire.parent"] == "run-1" and tags["rapidfire.warm_start"] == "true"
+        else:
+            assert tags["rapidfire.op.result"].startswith("ok: ")
+
+    # Runs the ops did not touch (run-0), or only paused (run-1), end bitwise as they would
+    # have trained alone.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'ref.db'}")
+    ref = RFSFTTrainer(model=path, train_dataset=data, peft_config=lora,
+                       args=RFSFTConfig(output_dir=str(tmp_path / "ref"),
+                                        learning_rate=List([1e-3, 3e-3]),
+                                        **{**common, "report_to": "none"}))
+    ref.train()
+    for name in ("run-0", "run-1"):
+        got = load_file(Path(tmp_path / "exp" / "runs" / name / "final" /
+                             "adapter_model.safetensors"))
+        want = load_file(Path(tmp_path / "ref" / "runs" / name / "final" /
+                              "adapter_model.safetensors"))
+        assert all(torch.equal(got[k], want[k]) for k in want), name
