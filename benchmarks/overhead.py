@@ -160,8 +160,14 @@ def run_rapidfire(
     rep: int,
     learning_rates: Sequence[float] = LEARNING_RATES,
     ranks: Sequence[int] = LORA_RANKS,
+    tracking: bool = True,
 ) -> tuple[Sample, dict[str, Config]]:
-    """Side A: one RFSFTTrainer over the grid. Returns the timing and each run's config."""
+    """Side A: one RFSFTTrainer over the grid. Returns the timing and each run's config.
+
+    With ``tracking`` (the default: every feature that exists is on), runs are logged to
+    MLflow (the sqlite store ``MLFLOW_TRACKING_URI`` points to) and their control tags are
+    polled, as a user's experiment would be.
+    """
     from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
     from trl_rapidfire.runs import RunStatus
 
@@ -173,7 +179,7 @@ def run_rapidfire(
                 output_dir=output_dir,
                 num_chunks=NUM_CHUNKS,
                 learning_rate=List(list(learning_rates)),
-                **training_kwargs(),
+                **{**training_kwargs(), "report_to": "mlflow" if tracking else "none"},
             ),
             train_dataset=work.dataset,
             peft_config=List([lora(r) for r in ranks]),
@@ -228,7 +234,7 @@ def run_baseline(
     return sample, adapters
 
 
-def warm_up(work: Workload) -> float:
+def warm_up(work: Workload, tracking: bool) -> float:
     """Run both code paths once on a few rows (untimed): lazy imports, first-call costs."""
     from trl_rapidfire.testing import make_sft_dataset
 
@@ -236,7 +242,8 @@ def warm_up(work: Workload) -> float:
     small = Workload(work.model_path, make_sft_dataset(rows), rows)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rf-overhead-warmup-") as tmp:
-        run_rapidfire(small, os.path.join(tmp, "a"), 0, LEARNING_RATES[:2], LORA_RANKS[:1])
+        run_rapidfire(small, os.path.join(tmp, "a"), 0, LEARNING_RATES[:2], LORA_RANKS[:1],
+                      tracking=tracking)
         run_baseline(small, os.path.join(tmp, "b"), 0, GRID[:1])
     return time.perf_counter() - t0
 
@@ -419,6 +426,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--quick", action="store_true", help=f"smoke test: {QUICK_ROWS} rows, 1 pair"
     )
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
+    parser.add_argument(
+        "--no-tracking", dest="tracking", action="store_false",
+        help="side A without MLflow tracking and op polling (default: on, as for users)",
+    )
     args = parser.parse_args(argv)
     if args.rows is None:
         args.rows = QUICK_ROWS if args.quick else DEFAULT_ROWS
@@ -473,7 +484,16 @@ def main(argv: list[str] | None = None) -> int:
         f"  load avg : {load_start} at start ({os.cpu_count()} CPUs); "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '<unset>')}"
     )
-    print(f"  warm-up  : {warm_up(work):.2f} s (untimed)", flush=True)
+    if args.tracking:
+        # One store for the whole benchmark, created during the warm-up (a new sqlite store
+        # costs ~2 s once); each repetition is its own experiment in it.
+        store = tempfile.mkdtemp(prefix="rf-overhead-mlflow-")
+        os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
+        print(f"  tracking : side A logs to MLflow ({os.environ['MLFLOW_TRACKING_URI']}) and "
+              "polls control tags every second; --no-tracking turns both off")
+    else:
+        print("  tracking : off (--no-tracking)")
+    print(f"  warm-up  : {warm_up(work, args.tracking):.2f} s (untimed)", flush=True)
     print()
 
     samples: list[Sample] = []
@@ -482,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         dirs = {side: tempfile.mkdtemp(prefix=f"rf-overhead-{side}{rep}-") for side in "AB"}
         try:
             gc.collect()
-            a, rf_configs = run_rapidfire(work, dirs["A"], rep)
+            a, rf_configs = run_rapidfire(work, dirs["A"], rep, tracking=args.tracking)
             samples.append(a)
             print(f"  rep {rep}: A rapidfire {a.total:7.2f} s", flush=True)
             gc.collect()

@@ -427,6 +427,8 @@ class Engine:
         # of the collector's view for its duration.
         gc.collect()
         gc.freeze()
+        if self.tracker is not None:
+            self.tracker.polling.set()
         started = time.perf_counter()
         ok = False
         try:
@@ -453,6 +455,7 @@ class Engine:
                     if slot.state.status in (RunStatus.STOPPED, RunStatus.DELETED):
                         self.tracker.end_run(slot.name, slot.state.status.value)
                 self.tracker.flush()
+                self.tracker.polling.clear()  # nothing reads ops until the next train()
 
     # ------------------------------------------------------------------ tracking
 

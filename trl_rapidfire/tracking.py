@@ -3,8 +3,9 @@ control channel.
 
 Everything that talks to MLflow runs on one background thread, never on the training path: the
 engine *enqueues* (a chunk's metric points after the chunk ends, tag updates, run ends) and
-reads the latest polled control tags from memory. The thread drains the queue and, about once
-a second, polls the control tags of the whole experiment with a single query.
+reads the latest polled control tags from memory. The thread writes what is queued every two
+seconds in as few calls as it can and, about once a second, polls the control tags of the
+whole experiment with a single query.
 
 Where: ``MLFLOW_TRACKING_URI`` if set, else a sqlite store ``mlflow.db`` in the working
 directory (MLflow's own default, made explicit). Which experiment: ``MLFLOW_EXPERIMENT_NAME``
@@ -25,6 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +104,7 @@ class Tracker:
         uri: tracking URI (default :func:`resolve_tracking_uri`).
         experiment_name: default ``MLFLOW_EXPERIMENT_NAME`` or the base name of ``output_dir``.
         poll_interval: seconds between two polls of the control tags.
+        write_interval: seconds between two writes of queued points and tags.
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class Tracker:
         uri: str | None = None,
         experiment_name: str | None = None,
         poll_interval: float = 1.0,
+        write_interval: float = 2.0,
     ) -> None:
         from mlflow import MlflowClient
 
@@ -122,6 +126,9 @@ class Tracker:
         )
         self.rf_experiment = experiment_id_for(output_dir)
         self.poll_interval = poll_interval
+        self.write_interval = write_interval
+        self._pending_points: dict[str, list[tuple[str, float, int, int]]] = {}
+        self._pending_tags: dict[str, dict[str, str]] = {}
         _ensure_schema(self.uri)
         self.client = MlflowClient(self.uri)
         exp = self.client.get_experiment_by_name(self.experiment_name)
@@ -136,6 +143,8 @@ class Tracker:
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._errors: list[str] = []
         self._stop = threading.Event()
+        self.polling = threading.Event()  # set while an experiment trains
+        self.polling.set()
         self.parent_run_id = self._find_or_create("", role="experiment")
         self._thread = threading.Thread(target=self._loop, name="rapidfire-tracking",
                                         daemon=True)
@@ -194,13 +203,16 @@ class Tracker:
     def log_metrics(self, name: str, points: list[tuple[str, float, int, int]]) -> None:
         """Queue ``(key, value, step, timestamp_ms)`` points of run ``name``.
 
-        A point at a step the store already has for that key (a re-run retraining what it
-        logged before) is skipped: one point per step per metric.
+        Points and tags wait in memory and go out together every ``write_interval`` seconds
+        (or at :meth:`flush`): one write for many chunks keeps MLflow's cost away from the
+        training thread. A point at a step the store already has for that key (a re-run
+        retraining what it logged before) is skipped: one point per step per metric.
         """
         if points:
-            self._jobs.put(lambda: self._log_metrics(name, points))
+            with self._lock:
+                self._pending_points.setdefault(name, []).extend(points)
 
-    def _log_metrics(self, name: str, points: list[tuple[str, float, int, int]]) -> None:
+    def _new_metrics(self, name: str, points: list[tuple[str, float, int, int]]) -> list[Any]:
         from mlflow.entities import Metric
 
         handle = self._runs[name]
@@ -210,26 +222,50 @@ class Tracker:
                 continue
             handle.last_step[key] = step
             metrics.append(Metric(key, float(value), ts, step))
-        for i in range(0, len(metrics), 1000):
-            self.client.log_batch(handle.run_id, metrics=metrics[i:i + 1000])
+        return metrics
 
     def set_tags(self, name: str, tags: Mapping[str, str]) -> None:
-        """Queue tag updates of run ``name`` (``""`` for the parent run)."""
-        tags = dict(tags)
-        self._jobs.put(lambda: self._set_tags(name, tags))
+        """Queue tag updates of run ``name`` (``""`` for the parent run); the latest value of
+        each tag is written with the next batch."""
+        with self._lock:
+            self._pending_tags.setdefault(name, {}).update(tags)
 
-    def _set_tags(self, name: str, tags: Mapping[str, str]) -> None:
+    def _write_pending(self) -> None:
+        with self._lock:
+            points, self._pending_points = self._pending_points, {}
+            tags, self._pending_tags = self._pending_tags, {}
+        for name in {**points, **tags}:
+            self._run_job(partial(self._write_run, name, points.get(name, []),
+                                  tags.get(name, {})))
+
+    def _write_run(self, name: str, points: list[tuple[str, float, int, int]],
+                   tags: Mapping[str, str]) -> None:
+        # One call per run and write: its new points and its tags together.
         from mlflow.entities import RunTag
 
-        run_id = self.parent_run_id if name == "" else self._runs[name].run_id
-        self.client.log_batch(run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+        run_tags = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+        if name == "":
+            if run_tags:
+                self.client.log_batch(self.parent_run_id, tags=run_tags)
+            return
+        metrics = self._new_metrics(name, points)
+        handle = self._runs[name]
+        for i in range(0, max(len(metrics), 1), 1000):
+            batch = metrics[i:i + 1000]
+            if batch or run_tags:
+                self.client.log_batch(handle.run_id, metrics=batch, tags=run_tags)
+            run_tags = []
 
     def end_run(self, name: str, status: str) -> None:
-        """Queue the end of run ``name`` with the MLflow status matching RF ``status``."""
+        """Queue the end of run ``name`` with the MLflow status matching RF ``status`` (after
+        its last points and tags)."""
         mlflow_status = _MLFLOW_STATUS.get(status)
         if mlflow_status is not None:
-            self._jobs.put(lambda: self.client.set_terminated(self._runs[name].run_id,
-                                                              mlflow_status))
+            def job() -> None:
+                self._write_pending()
+                self.client.set_terminated(self._runs[name].run_id, mlflow_status)
+
+            self._jobs.put(job)
 
     # ------------------------------------------------------------------ control tags
 
@@ -276,9 +312,9 @@ class Tracker:
     # ------------------------------------------------------------------ the thread
 
     def _loop(self) -> None:
-        next_poll = 0.0
+        next_poll = next_write = 0.0
         while True:
-            timeout = max(next_poll - time.monotonic(), 0.0)
+            timeout = max(min(next_poll, next_write) - time.monotonic(), 0.0)
             try:
                 job = self._jobs.get(timeout=timeout)
             except queue.Empty:
@@ -288,8 +324,13 @@ class Tracker:
                 continue
             if self._stop.is_set():
                 return
-            if time.monotonic() >= next_poll:
-                self._run_job(self._poll)
+            now = time.monotonic()
+            if now >= next_write:
+                self._write_pending()
+                next_write = time.monotonic() + self.write_interval
+            if now >= next_poll:
+                if self.polling.is_set():
+                    self._run_job(self._poll)
                 next_poll = time.monotonic() + self.poll_interval
 
     def _run_job(self, job: Callable[[], None]) -> None:
@@ -306,7 +347,7 @@ class Tracker:
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every queued write is done."""
         done = threading.Event()
-        self._jobs.put(done.set)
+        self._jobs.put(lambda: (self._write_pending(), done.set()))
         done.wait(timeout=timeout)
 
     def close(self, parent_status: str | None = "FINISHED") -> None:
