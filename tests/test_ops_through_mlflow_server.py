@@ -160,3 +160,33 @@ def test_ops_from_the_ui_take_effect_at_the_next_boundary(server, tmp_path, monk
         want = load_file(Path(tmp_path / "ref" / "runs" / name / "final" /
                               "adapter_model.safetensors"))
         assert all(torch.equal(got[k], want[k]) for k in want), name
+
+
+def test_dashboard_command_serves_the_store_and_stops_cleanly(tmp_path):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trl_rapidfire.cli", "dashboard", "--port", str(port),
+         "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        first = proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}" in first
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "dashboard not up"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(timeout=60) == 0
+        # Nothing is left listening: the server's whole process group went with it.
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
