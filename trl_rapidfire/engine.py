@@ -456,6 +456,12 @@ class Engine:
                         self.tracker.end_run(slot.name, slot.state.status.value)
                 self.tracker.flush()
                 self.tracker.polling.clear()  # nothing reads ops until the next train()
+                if self.tracker.errors:
+                    warnings.warn(
+                        f"MLflow tracking failed {len(self.tracker.errors)} time(s) (training "
+                        f"was not affected); first: {self.tracker.errors[0]}",
+                        RuntimeWarning, stacklevel=2,
+                    )
 
     # ------------------------------------------------------------------ tracking
 
