@@ -8,11 +8,12 @@ local variables and on the instance (data iterator position, loss accumulators, 
 scheduler it built, the last-logged step) survives the switch untouched.
 
 Why greenlets and not threads: every OS thread that runs torch ops gets its own OpenMP worker
-team, and the teams of suspended threads keep spinning on the cores. Measured on 2 cores with
-4 runs, one thread per run made the experiment 3x slower than the same switch done on one
-thread (``OMP_WAIT_POLICY=passive`` hid it, but must be set before torch is imported). All
-coroutines run on the caller's thread, so torch sees one thread, one OpenMP team, and the
-thread-local state (grad mode, CUDA stream) is what the Trainer left at the boundary.
+team, and the teams of suspended threads keep spin-waiting on the cores. Measured on 2 cores
+with 4 runs, one thread per run took 1.9-2.3 s where greenlets take 1.5-1.8 s, and single
+chunks slowed down up to 10x when another process was busy on the cores
+(``OMP_WAIT_POLICY=passive`` hid it, but must be set before torch is imported). All coroutines
+run on the caller's thread, so torch sees one thread, one OpenMP team, and the thread-local
+state (grad mode, CUDA stream) is what the Trainer left at the boundary.
 
 What does *not* belong to a run is process-global: the random number generators and
 accelerate's shared state. The scheduler saves those when a run suspends and puts the run's own
