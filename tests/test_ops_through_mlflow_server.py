@@ -89,9 +89,20 @@ class _Person(TrainerCallback):
             return
         tracker = self.trainer.engine.tracker
         for run, op in self.plan.pop(state.global_step):
+            run_id = tracker.run_id(run)
+            # As the guide says: set a run's next op once its previous one was taken.
+            deadline = time.monotonic() + 60
+            while "rapidfire.op" in _tags(self.url, run_id):
+                assert time.monotonic() < deadline, f"{run}'s previous op was never taken"
+                time.sleep(0.05)
             _rest(self.url, "/api/2.0/mlflow/runs/set-tag",
-                  {"run_id": tracker.run_id(run), "key": "rapidfire.op", "value": op})
+                  {"run_id": run_id, "key": "rapidfire.op", "value": op})
         tracker.poll_now()
+
+
+def _tags(url: str, run_id: str) -> dict[str, str]:
+    run = _rest(url, f"/api/2.0/mlflow/runs/get?run_id={run_id}")["run"]
+    return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
 
 
 def test_ops_from_the_ui_take_effect_at_the_next_boundary(server, tmp_path, monkeypatch):

@@ -11,7 +11,13 @@ from .search import GridSearch, RandomSearch, RunSpec, SearchError
 
 __version__ = "0.1.0"
 
-_LAZY = {"RFSFTTrainer": "trainers", "RunResult": "results", "ChunkRecord": "schedule"}
+_LAZY = {
+    "RFSFTTrainer": "trainers",
+    "RFDPOTrainer": "trainers",
+    "RFGRPOTrainer": "trainers",
+    "RunResult": "results",
+    "ChunkRecord": "schedule",
+}
 
 
 def __getattr__(name: str):
@@ -28,6 +34,8 @@ __all__ = [
     "RFDPOConfig",
     "RFGRPOConfig",
     "RFSFTTrainer",
+    "RFDPOTrainer",
+    "RFGRPOTrainer",
     "RunResult",
     "ChunkRecord",
     "List",

@@ -85,6 +85,7 @@ class RunSlot:
     run_dir: Path
     chunk_eval: bool = False
     chunk_save: bool = False
+    step_multiple: int = 1
     state: RunState = field(default=None)  # type: ignore[assignment]
     rng: RngState | None = None
     accelerate: list[dict[str, Any]] | None = None
@@ -149,12 +150,16 @@ class ChunkCallback(TrainerCallback):
         slot = self.slot
         if slot.warm_optimizer_state is not None:
             self.engine.load_warm_optimizer_state(slot)
-        if state.max_steps != slot.plan.total_steps and train_dataloader is not None:
-            # The dataloader is the truth (e.g. a sampler that drops batches): re-plan from it.
-            slot.plan = self.engine.plan_for(
-                slot.name, len(train_dataloader), args, total_steps=state.max_steps
+        if train_dataloader is not None and hasattr(train_dataloader, "__len__"):
+            # The dataloader the Trainer built is the truth (GRPO repeats every generation
+            # batch, a sampler may drop batches): plan from it before the first step.
+            plan = self.engine.plan_for(
+                slot.name, len(train_dataloader), args, total_steps=state.max_steps,
+                step_multiple=slot.step_multiple,
             )
-            self.engine.replanned()
+            if plan != slot.plan:
+                slot.plan = plan
+                self.engine.replanned()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         # Kept in memory; the engine hands a chunk's points to the tracker when the chunk ends.
@@ -230,14 +235,21 @@ class Engine:
 
     @staticmethod
     def plan_for(
-        name: str, num_batches: int, args: Any, *, total_steps: int | None = None
+        name: str, num_batches: int, args: Any, *, total_steps: int | None = None,
+        step_multiple: int = 1,
     ) -> ChunkPlan:
         """The chunk plan of a run whose dataloader has ``num_batches`` batches per epoch."""
         num_chunks = getattr(args, "_rf_num_chunks", 1)
         spe, total = training_steps(
             num_batches, args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps
         )
-        return plan_chunks(spe, total_steps or total, num_chunks, run=name)
+        with warnings.catch_warnings():
+            # Said once, when the run is registered; the re-plan from the real dataloader
+            # must not repeat it.
+            if total_steps is not None:
+                warnings.simplefilter("ignore", UserWarning)
+            return plan_chunks(spe, total_steps or total, num_chunks, run=name,
+                               step_multiple=step_multiple)
 
     def add_run(
         self,
@@ -263,13 +275,16 @@ class Engine:
         args = trainer.args
         args._rf_num_chunks = num_chunks
         dataset = trainer.train_dataset
-        if hasattr(dataset, "__len__"):
+        if hasattr(trainer, "_rf_num_batches"):
+            num_batches = trainer._rf_num_batches()
+        elif hasattr(dataset, "__len__"):
             batch = args.per_device_train_batch_size
             n = len(dataset)
             num_batches = n // batch if args.dataloader_drop_last else math.ceil(n / batch)
         else:
             num_batches = max(args.max_steps, 1) * args.gradient_accumulation_steps
-        plan = self.plan_for(name, num_batches, args)
+        step_multiple = getattr(trainer, "_rf_step_multiple", lambda: 1)()
+        plan = self.plan_for(name, num_batches, args, step_multiple=step_multiple)
         slot = RunSlot(
             name=name,
             index=index,
@@ -282,6 +297,7 @@ class Engine:
             run_dir=Path(run_dir),
             chunk_eval=chunk_eval,
             chunk_save=chunk_save,
+            step_multiple=step_multiple,
         )
         trainer.add_callback(ChunkCallback(self, slot))
         slot.rng = RngState.capture()

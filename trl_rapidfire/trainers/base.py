@@ -11,6 +11,7 @@ plain TRL trainer plus :class:`RunTrainerMixin`), hands them to the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -55,7 +56,9 @@ class RunTrainerMixin:
     def __init__(self, *args: Any, rf_adapter: str | None = None, **kwargs: Any) -> None:
         self._rf_adapter = rf_adapter
         self._rf_flop_params: int | None = None
-        super().__init__(*args, **kwargs)
+        model = kwargs.get("model", args[0] if args else None)
+        with _as_if_trl_made_the_adapter(model, rf_adapter):
+            super().__init__(*args, **kwargs)
         for cb in (ProgressCallback, PrinterCallback, MLflowCallback):
             self.remove_callback(cb)  # one bar for the experiment; MLflow is the engine's
         try:
@@ -64,6 +67,11 @@ class RunTrainerMixin:
             self.remove_callback(NotebookProgressCallback)
         except ImportError:  # pragma: no cover - notebook extras missing
             pass
+
+    def _rf_step_multiple(self) -> int:
+        """Chunk boundaries fall on multiples of this many optimizer steps (GRPO: whole
+        generation cycles)."""
+        return 1
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         adapter = self._rf_adapter
@@ -101,6 +109,33 @@ class RunTrainerMixin:
         if self._rf_flop_params is None:
             self._rf_flop_params = _count_params_of(self.model, self._rf_adapter)
         return 6 * inputs[main_input].numel() * self._rf_flop_params
+
+
+@contextlib.contextmanager
+def _as_if_trl_made_the_adapter(model: Any, adapter: str | None) -> Any:
+    """Build a TRL trainer on the shared model as if it had wrapped the model itself.
+
+    Given a ``PeftModel`` and no reference model, DPO and GRPO assume the user brought a
+    *pretrained* adapter named ``"default"`` and add a frozen copy of it, ``"ref"``, as the
+    reference. A plain trainer given ``peft_config`` creates the adapter itself and uses the
+    base model (adapters disabled) as the reference. The run's adapter is the latter kind, so
+    for the length of the trainer's construction ``"default"`` names it and adding ``"ref"`` is
+    skipped: the reference is the shared base model, with no per-run copy.
+    """
+    if adapter is None or not hasattr(model, "peft_config"):
+        yield
+        return
+    configs = model.peft_config
+    added = "default" not in configs
+    if added:
+        configs["default"] = configs[adapter]
+    model.add_adapter = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        del model.add_adapter
+        if added:
+            del configs["default"]
 
 
 def _count_params_of(peft_model: Any, adapter: str) -> int:

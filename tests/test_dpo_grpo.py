@@ -1,0 +1,139 @@
+"""RFDPOTrainer and RFGRPOTrainer: the same guarantee as SFT, bitwise against plain TRL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
+
+from trl_rapidfire import GridSearch, List, RFDPOConfig, RFDPOTrainer, RFGRPOConfig, RFGRPOTrainer
+from trl_rapidfire.models import module_bytes
+from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.testing import (
+    cpu_training_kwargs,
+    make_dpo_dataset,
+    make_grpo_dataset,
+    reward_correct_answer,
+    reward_short,
+    tiny_lora_config,
+    tiny_model_path,
+)
+from trl_rapidfire.trainers.grpo import generation_cycle_steps
+
+SPEED_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second",
+              "step_time"}
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    return tiny_model_path()
+
+
+def _logs(trainer) -> list[dict]:
+    return [{k: v for k, v in e.items() if k not in SPEED_KEYS} for e in trainer.state.log_history]
+
+
+def _same_adapter(a: Path, b: Path) -> bool:
+    x = load_file(Path(a) / "adapter_model.safetensors")
+    y = load_file(Path(b) / "adapter_model.safetensors")
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+DPO_COMMON = dict(cpu_training_kwargs(), per_device_train_batch_size=4, logging_steps=1,
+                  num_train_epochs=1, warmup_steps=0.2, learning_rate=1e-3)
+
+
+def test_four_dpo_configs_equal_plain_dpo_bitwise_on_one_base_model(model_path, tmp_path):
+    data = make_dpo_dataset(24)
+    lora = tiny_lora_config(r=4, lora_dropout=0.1)
+    rf = RFDPOTrainer(
+        model=model_path,
+        args=RFDPOConfig(output_dir=str(tmp_path / "rf"), num_chunks=3, beta=List([0.1, 0.5]),
+                         loss_type=List(["sigmoid", "hinge"]), **DPO_COMMON),
+        train_dataset=data,
+        peft_config=lora,
+    )
+    # Memory: one base model for the 4 runs, no reference copy and no "ref" adapter per run.
+    assert list(rf.model_loads.values()) == [1]
+    model = rf.run_trainer("run-0").model
+    assert all(rf.run_trainer(f"run-{i}").model is model for i in range(4))
+    assert all(rf.run_trainer(f"run-{i}").ref_model is None for i in range(4))
+    assert sorted(model.peft_config) == ["rf0", "rf1", "rf2", "rf3"]
+    base = module_bytes(model.get_base_model()) - sum(
+        p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
+    single = DPOTrainer(model=model_path, train_dataset=data, peft_config=lora,
+                        args=DPOConfig(output_dir=str(tmp_path / "one"), **DPO_COMMON)).model
+    assert base == module_bytes(single.get_base_model()) - sum(
+        p.numel() * p.element_size() for n, p in single.named_parameters() if "lora_" in n)
+    rf.train()
+
+    assert len(rf.schedule) == 4 * 3
+    for run in rf.runs:
+        assert run.status == RunStatus.COMPLETED
+        ref = DPOTrainer(model=model_path, train_dataset=data, peft_config=lora,
+                         args=DPOConfig(output_dir=str(tmp_path / run.name),
+                                        **{**DPO_COMMON, **run.knobs}))
+        ref.train()
+        ref.save_model()
+        assert _same_adapter(Path(run.output_dir) / "final", tmp_path / run.name), run.knobs
+        logs = _logs(rf.run_trainer(run.name))
+        assert logs == _logs(ref) and any("rewards/chosen" in e for e in logs)
+
+
+GRPO_COMMON = dict(cpu_training_kwargs(), per_device_train_batch_size=4, num_generations=4,
+                   max_completion_length=8, steps_per_generation=2, logging_steps=1,
+                   num_train_epochs=1, warmup_steps=0.2)
+
+
+def test_four_grpo_configs_equal_plain_grpo_bitwise_on_whole_generation_cycles(model_path,
+                                                                               tmp_path):
+    data = make_grpo_dataset(16)
+    lora = tiny_lora_config(r=4, lora_dropout=0.1)
+    rf = RFGRPOTrainer(
+        model=model_path,
+        reward_funcs=List([[reward_correct_answer, reward_short], [reward_short]]),
+        args=RFGRPOConfig(output_dir=str(tmp_path / "rf"), num_chunks=3,
+                          learning_rate=List([1e-3, 3e-3]),
+                          reward_weights=List([[1.0, 0.5], [1.0]]), **GRPO_COMMON),
+        train_dataset=data,
+        peft_config=lora,
+        search=GridSearch(zip=[("reward_funcs", "reward_weights")]),
+    )
+    rf.train()
+    cycle = generation_cycle_steps(rf.run_trainer("run-0").args)
+    assert cycle == 2
+    for record in rf.schedule:  # a boundary never falls inside a generation cycle
+        assert record.start_step % cycle == 0
+        assert record.end_step % cycle == 0 or record.end_step == 16
+    assert len(rf.schedule) == 4 * 3
+    for run in rf.runs:
+        knobs = dict(run.knobs)
+        funcs = knobs.pop("reward_funcs")
+        ref = GRPOTrainer(model=model_path, reward_funcs=funcs, train_dataset=data,
+                          peft_config=lora,
+                          args=GRPOConfig(output_dir=str(tmp_path / run.name),
+                                          **{**GRPO_COMMON, **knobs}))
+        ref.train()
+        ref.save_model()
+        assert _same_adapter(Path(run.output_dir) / "final", tmp_path / run.name), run.name
+        logs = _logs(rf.run_trainer(run.name))
+        assert logs == _logs(ref) and any("reward" in e for e in logs)
+
+
+def test_generation_cycle_rounding():
+    class A:
+        steps_per_generation, num_iterations, gradient_accumulation_steps = 2, 1, 1
+
+    assert generation_cycle_steps(A) == 2
+    A.num_iterations, A.gradient_accumulation_steps = 2, 2  # 4 micro-steps = 2 optimizer steps
+    assert generation_cycle_steps(A) == 2
+    A.steps_per_generation, A.num_iterations, A.gradient_accumulation_steps = 3, 1, 2
+    assert generation_cycle_steps(A) == 3  # lcm(3, 2) micro-steps = 6 = 3 optimizer steps

@@ -1,0 +1,80 @@
+"""``RFDPOTrainer``: TRL's ``DPOTrainer`` over many configurations at once.
+
+With a PEFT config and no ``ref_model``, the reference is the shared base model with the
+adapters disabled, exactly as a plain ``DPOTrainer`` given ``peft_config`` computes it: N DPO
+runs on one base model hold one base model, not N + 1 copies. An explicit ``ref_model`` keeps
+TRL's meaning and is shared by every run that names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from trl import DPOTrainer
+
+from ..configs import RFDPOConfig
+from ..search import Search
+from .base import RFTrainerMixin, RunTrainerMixin, rf_config_from
+
+__all__ = ["RFDPOTrainer"]
+
+
+class _RunDPOTrainer(RunTrainerMixin, DPOTrainer):
+    """One run's ``DPOTrainer``."""
+
+
+class RFDPOTrainer(RFTrainerMixin, DPOTrainer):
+    """``DPOTrainer`` for a config group: every combination of knobs is a run, all runs train
+    together chunk by chunk, each ending exactly as it would alone.
+
+    Takes ``DPOTrainer``'s arguments; ``args`` is usually an :class:`~trl_rapidfire.RFDPOConfig`
+    (``beta=List([...])``, ``loss_type=List([...])``, ...); ``model`` and ``peft_config`` may be
+    ``List``s. ``search``: ``GridSearch()`` (default) or ``RandomSearch(...)``. See
+    :class:`~trl_rapidfire.RFSFTTrainer` for what the trainer offers after ``train()``.
+    """
+
+    _run_trainer_class = _RunDPOTrainer
+
+    def __init__(
+        self,
+        model: Any,
+        ref_model: Any = None,
+        args: Any = None,
+        data_collator: Callable | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        compute_metrics: Callable | None = None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+        quantization_config: Any = None,
+        peft_config: Any = None,
+        *,
+        search: Search | None = None,
+    ) -> None:
+        if train_dataset is None:
+            raise ValueError("`train_dataset` is required")
+        self._rf_setup(
+            args=rf_config_from(args, RFDPOConfig, _default_dir(model, "DPO")),
+            search=search,
+            knob_args=dict(model=model, peft_config=peft_config,
+                           processing_class=processing_class),
+            shared_args=dict(
+                ref_model=ref_model,
+                data_collator=data_collator,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                compute_metrics=compute_metrics,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                quantization_config=quantization_config,
+            ),
+        )
+
+
+def _default_dir(model: Any, suffix: str) -> str:
+    name = model if isinstance(model, str) else getattr(
+        getattr(model, "config", None), "_name_or_path", "model"
+    )
+    return f"{str(name).rstrip('/').split('/')[-1]}-{suffix}"

@@ -1,0 +1,96 @@
+"""``RFGRPOTrainer``: TRL's ``GRPOTrainer`` over many configurations at once.
+
+A GRPO generation cycle spans ``steps_per_generation x num_iterations`` micro-steps: completions
+are generated once and consumed slice by slice. Chunk boundaries are rounded to whole cycles
+(and whole gradient-accumulation groups), so a run never switches away with half a cycle of
+buffered completions. Everything else that GRPO keeps between steps lives on the run's own
+trainer (generation buffer, step counter, metrics) and in its RNG streams, which the engine
+saves and restores with the run: generation samples from the run's own stream.
+
+Reward functions may be knobs: ``reward_funcs=List([[f, g], [f]])``, usually zipped with
+``reward_weights`` (``GridSearch(zip=[("reward_funcs", "reward_weights")])``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trl import GRPOTrainer
+
+from ..configs import RFGRPOConfig
+from ..search import Search
+from .base import RFTrainerMixin, RunTrainerMixin, rf_config_from
+from .dpo import _default_dir
+
+__all__ = ["RFGRPOTrainer", "generation_cycle_steps"]
+
+
+def generation_cycle_steps(args: Any) -> int:
+    """Optimizer steps in the smallest span of whole generation cycles and whole accumulation
+    groups: chunk boundaries fall on multiples of it."""
+    cycle = args.steps_per_generation * args.num_iterations
+    accumulation = args.gradient_accumulation_steps
+    return math.lcm(cycle, accumulation) // accumulation
+
+
+class _RunGRPOTrainer(RunTrainerMixin, GRPOTrainer):
+    """One run's ``GRPOTrainer``."""
+
+    def _rf_step_multiple(self) -> int:
+        return generation_cycle_steps(self.args)
+
+    def _rf_num_batches(self) -> int:
+        # GRPO's sampler repeats every generation batch: count what its dataloader yields.
+        return len(self.get_train_dataloader())
+
+
+class RFGRPOTrainer(RFTrainerMixin, GRPOTrainer):
+    """``GRPOTrainer`` for a config group: every combination of knobs is a run, all runs train
+    together chunk by chunk (on whole generation cycles), each ending exactly as it would alone.
+
+    Takes ``GRPOTrainer``'s arguments; ``args`` is usually an
+    :class:`~trl_rapidfire.RFGRPOConfig`; ``model``, ``peft_config`` and ``reward_funcs`` may
+    be ``List``s. ``search``: ``GridSearch()`` (default) or ``RandomSearch(...)``.
+    """
+
+    _run_trainer_class = _RunGRPOTrainer
+
+    def __init__(
+        self,
+        model: Any,
+        reward_funcs: Any = None,
+        args: Any = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        reward_processing_classes: Any = None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+        quantization_config: Any = None,
+        peft_config: Any = None,
+        tools: list | None = None,
+        rollout_func: Any = None,
+        environment_factory: Any = None,
+        *,
+        search: Search | None = None,
+    ) -> None:
+        if train_dataset is None:
+            raise ValueError("`train_dataset` is required")
+        self._rf_setup(
+            args=rf_config_from(args, RFGRPOConfig, _default_dir(model, "GRPO")),
+            search=search,
+            knob_args=dict(model=model, peft_config=peft_config, reward_funcs=reward_funcs,
+                           processing_class=processing_class),
+            shared_args=dict(
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                reward_processing_classes=reward_processing_classes,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                quantization_config=quantization_config,
+                tools=tools,
+                rollout_func=rollout_func,
+                environment_factory=environment_factory,
+            ),
+        )
