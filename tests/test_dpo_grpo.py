@@ -137,3 +137,61 @@ def test_generation_cycle_rounding():
     assert generation_cycle_steps(A) == 2
     A.steps_per_generation, A.num_iterations, A.gradient_accumulation_steps = 3, 1, 2
     assert generation_cycle_steps(A) == 3  # lcm(3, 2) micro-steps = 6 = 3 optimizer steps
+
+
+class _CurriculumReward:
+    """A stateful reward: its bonus grows with the number of calls it has seen."""
+
+    __name__ = "curriculum"
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, completions, **kwargs):
+        self.calls += 1
+        return [0.1 * self.calls * (len(str(c)) % 3) for c in completions]
+
+    def state_dict(self):
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state):
+        self.calls = state["calls"]
+
+
+def test_stateful_reward_functions_keep_one_state_per_run(model_path, tmp_path):
+    data = make_grpo_dataset(8)
+    shared = _CurriculumReward()
+    lora = tiny_lora_config(r=4)
+    common = dict(GRPO_COMMON, warmup_steps=0.0)
+    rf = RFGRPOTrainer(
+        model=model_path, reward_funcs=[shared], train_dataset=data, peft_config=lora,
+        args=RFGRPOConfig(output_dir=str(tmp_path / "rf"), num_chunks=2,
+                          learning_rate=List([1e-3, 3e-3]), **common),
+    )
+    rf.train()
+    for run in rf.runs:
+        alone = _CurriculumReward()
+        ref = GRPOTrainer(model=model_path, reward_funcs=[alone], train_dataset=data,
+                          peft_config=lora,
+                          args=GRPOConfig(output_dir=str(tmp_path / run.name),
+                                          **{**common, **run.knobs}))
+        ref.train()
+        ref.save_model()
+        assert _same_adapter(Path(run.output_dir) / "final", tmp_path / run.name), run.name
+        assert _logs(rf.run_trainer(run.name)) == _logs(ref)
+
+
+def test_single_config_dpo_equals_dpo_trainer_including_save_model(model_path, tmp_path):
+    data = make_dpo_dataset(16)
+    lora = tiny_lora_config(r=4, lora_dropout=0.1)
+    rf = RFDPOTrainer(model=model_path, train_dataset=data, peft_config=lora,
+                      args=RFDPOConfig(output_dir=str(tmp_path / "rf"), num_chunks=2,
+                                       **DPO_COMMON))
+    rf.train()
+    rf.save_model()
+    ref = DPOTrainer(model=model_path, train_dataset=data, peft_config=lora,
+                     args=DPOConfig(output_dir=str(tmp_path / "ref"), **DPO_COMMON))
+    ref.train()
+    ref.save_model()
+    assert _logs(rf) == _logs(ref)
+    assert _same_adapter(tmp_path / "rf", tmp_path / "ref")

@@ -18,6 +18,7 @@ registers it with :meth:`Engine.add_run`.
 
 from __future__ import annotations
 
+import copy
 import gc
 import math
 import time
@@ -99,6 +100,10 @@ class RunSlot:
     _yielded_at: set[int] = field(default_factory=set)
     _eval_rng: RngState | None = None
     _points: list[tuple[str, float, int, int]] = field(default_factory=list)
+    # Objects the run shares with others that keep state (e.g. a stateful reward function):
+    # each has state_dict()/load_state_dict(); the run's own state is put back at every turn.
+    stateful: list[Any] = field(default_factory=list)
+    _stateful_states: list[Any] = field(default_factory=list)
     warm_optimizer_state: list[dict[str, Any] | None] | None = None
 
     def __post_init__(self) -> None:
@@ -300,6 +305,9 @@ class Engine:
             step_multiple=step_multiple,
         )
         trainer.add_callback(ChunkCallback(self, slot))
+        stateful = getattr(trainer, "_rf_stateful", lambda: [])()
+        slot.stateful = list(stateful)
+        slot._stateful_states = [copy.deepcopy(obj.state_dict()) for obj in slot.stateful]
         slot.rng = RngState.capture()
         slot.accelerate = snapshot_accelerate_state()
         self.slots[name] = slot
@@ -384,11 +392,14 @@ class Engine:
         if slot.adapter is not None and slot.group.model.active_adapter != slot.adapter:
             slot.group.activate(slot.adapter)
         restore_accelerate_state(slot.accelerate)
+        for obj, state in zip(slot.stateful, slot._stateful_states):
+            obj.load_state_dict(copy.deepcopy(state))
         slot.rng.restore()
 
     def _switch_out(self, slot: RunSlot) -> None:
         slot.rng = RngState.capture()
         slot.accelerate = snapshot_accelerate_state()
+        slot._stateful_states = [copy.deepcopy(obj.state_dict()) for obj in slot.stateful]
 
     def _turn(self, slot: RunSlot) -> None:
         start_step = int(slot.trainer.state.global_step)

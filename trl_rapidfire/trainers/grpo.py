@@ -8,7 +8,10 @@ trainer (generation buffer, step counter, metrics) and in its RNG streams, which
 saves and restores with the run: generation samples from the run's own stream.
 
 Reward functions may be knobs: ``reward_funcs=List([[f, g], [f]])``, usually zipped with
-``reward_weights`` (``GridSearch(zip=[("reward_funcs", "reward_weights")])``).
+``reward_weights`` (``GridSearch(zip=[("reward_funcs", "reward_weights")])``). Plain functions
+need nothing. A reward function that keeps state between calls (a counter, a curriculum, a
+cache) is one object shared by the runs that use it: it opts in by offering ``state_dict()``
+and ``load_state_dict(state)``, and every run then gets back its own state at each turn.
 """
 
 from __future__ import annotations
@@ -39,6 +42,13 @@ class _RunGRPOTrainer(RunTrainerMixin, GRPOTrainer):
 
     def _rf_step_multiple(self) -> int:
         return generation_cycle_steps(self.args)
+
+    def _rf_stateful(self) -> list[Any]:
+        # Reward functions that keep state between calls opt in by offering
+        # state_dict()/load_state_dict(); each run then sees only its own calls' effects.
+        return [f for f in self.reward_funcs
+                if callable(getattr(f, "state_dict", None))
+                and callable(getattr(f, "load_state_dict", None))]
 
     def _rf_num_batches(self) -> int:
         # GRPO's sampler repeats every generation batch: count what its dataloader yields.
