@@ -88,9 +88,10 @@ def test_four_dpo_configs_equal_plain_dpo_bitwise_on_one_base_model(model_path, 
         assert logs == _logs(ref) and any("rewards/chosen" in e for e in logs)
 
 
+# beta > 0: the KL term needs the reference, which is the shared base model (adapters off).
 GRPO_COMMON = dict(cpu_training_kwargs(), per_device_train_batch_size=4, num_generations=4,
                    max_completion_length=8, steps_per_generation=2, logging_steps=1,
-                   num_train_epochs=1, warmup_steps=0.2)
+                   num_train_epochs=1, warmup_steps=0.2, beta=0.04)
 
 
 def test_four_grpo_configs_equal_plain_grpo_bitwise_on_whole_generation_cycles(model_path,
@@ -126,6 +127,8 @@ def test_four_grpo_configs_equal_plain_grpo_bitwise_on_whole_generation_cycles(m
         assert _same_adapter(Path(run.output_dir) / "final", tmp_path / run.name), run.name
         logs = _logs(rf.run_trainer(run.name))
         assert logs == _logs(ref) and any("reward" in e for e in logs)
+        assert any(e.get("kl", 0) > 0 for e in logs)
+    assert sorted(rf.run_trainer("run-0").model.peft_config) == ["rf0", "rf1", "rf2", "rf3"]
 
 
 def test_generation_cycle_rounding():
