@@ -36,7 +36,8 @@ from peft import LoraConfig
 from transformers import TrainingArguments
 
 from trl_rapidfire import List, RFSFTConfig
-from trl_rapidfire.display import table
+from trl_rapidfire.report import chunk_timeline
+from trl_rapidfire.report import results_table as table_of_runs
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,
@@ -181,36 +182,16 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+METRIC_COLUMNS = {"last loss": "loss", "train_loss": "train_loss", "eval_loss": "eval_loss"}
+
+
 def results_table(rf: Any) -> str:
     best = rf.best_run
-    rows = []
-    for run in rf.runs:
-        knobs = "  ".join(f"{k}={_fmt(v)}" for k, v in run.knobs.items())
-        marker = "*" if best is not None and run.name == best.name else ""
-        rows.append([run.name + marker, run.status.value, run.global_step,
-                     _fmt(run.metrics.get("loss")), _fmt(run.metrics.get("train_loss")),
-                     _fmt(run.metrics.get("eval_loss")), knobs])
-    headers = ["run", "status", "steps", "last loss", "train_loss", "eval_loss", "knobs"]
-    return table(headers, rows)
-
-
-def _symbol(number: int) -> str:
-    return "0123456789abcdefghijklmnopqrstuvwxyz"[number] if number < 36 else "#"
+    return table_of_runs(rf.runs, METRIC_COLUMNS, best=best.name if best else None)
 
 
 def timeline(rf: Any) -> str:
-    """One line per run: column t is the t-th chunk trained by the experiment, showing the
-    run's own chunk number if that run trained it, else a dot."""
-    schedule = rf.schedule
-    lines = []
-    width = max(len(run.name) for run in rf.runs)
-    for run in rf.runs:
-        cells = "".join(_symbol(c.number) if c.run == run.name else "." for c in schedule)
-        turns = [t + 1 for t, c in enumerate(schedule) if c.run == run.name]
-        seconds = sum(c.seconds for c in schedule if c.run == run.name)
-        lines.append(f"{run.name:<{width}}  {cells}  turns {','.join(map(str, turns))}"
-                     f"  ({seconds:.1f} s)")
-    return "\n".join(lines)
+    return chunk_timeline(rf.runs, rf.schedule)
 
 
 def report(rf: Any, seconds: float) -> None:
