@@ -67,6 +67,8 @@ def test_four_dpo_configs_equal_plain_dpo_bitwise_on_one_base_model(model_path, 
     assert all(rf.run_trainer(f"run-{i}").model is model for i in range(4))
     assert all(rf.run_trainer(f"run-{i}").ref_model is None for i in range(4))
     assert sorted(model.peft_config) == ["rf0", "rf1", "rf2", "rf3"]
+    # The dataset was prepared once for the 4 runs (their preparation settings agree).
+    assert len({id(rf.run_trainer(f"run-{i}").train_dataset) for i in range(4)}) == 1
     base = module_bytes(model.get_base_model()) - sum(
         p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
     single = DPOTrainer(model=model_path, train_dataset=data, peft_config=lora,

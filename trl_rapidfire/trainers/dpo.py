@@ -21,7 +21,24 @@ __all__ = ["RFDPOTrainer"]
 
 
 class _RunDPOTrainer(RunTrainerMixin, DPOTrainer):
-    """One run's ``DPOTrainer``."""
+    """One run's ``DPOTrainer``. Dataset preparation (prompt extraction, EOS, tokenization,
+    truncation) is shared through ``rf_dataset_memo`` by runs whose settings agree."""
+
+    def __init__(self, *args: Any, rf_dataset_memo: dict | None = None, **kwargs: Any) -> None:
+        self._rf_dataset_memo = rf_dataset_memo
+        super().__init__(*args, **kwargs)
+
+    def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+        memo = self._rf_dataset_memo
+        if memo is None:
+            return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+        # The DPOConfig fields DPOTrainer._prepare_dataset reads, and the tokenizer's EOS.
+        key = (id(dataset), id(processing_class), dataset_name, args.dataset_num_proc,
+               args.max_length, args.truncation_mode, self._tokenizer.eos_token)
+        if key not in memo:
+            prepared = super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+            memo[key] = (dataset, processing_class, prepared)  # inputs kept alive: ids in key
+        return memo[key][-1]
 
 
 class RFDPOTrainer(RFTrainerMixin, DPOTrainer):
@@ -69,6 +86,7 @@ class RFDPOTrainer(RFTrainerMixin, DPOTrainer):
                 callbacks=callbacks,
                 optimizers=optimizers,
                 quantization_config=quantization_config,
+                rf_dataset_memo={},
             ),
         )
 
