@@ -412,7 +412,13 @@ class Engine:
         if self._progress is not None:
             self._progress.start(slot.name)
         t0 = time.time()
-        slot.coroutine.resume()
+        if self.tracker is not None:
+            self.tracker.active.set()  # MLflow work runs while the chunk computes...
+        try:
+            slot.coroutine.resume()
+        finally:
+            if self.tracker is not None:
+                self.tracker.active.clear()  # ...and waits while the engine switches
         t1 = time.time()
         self._switch_out(slot)
         end_step = int(slot.trainer.state.global_step)
@@ -478,6 +484,7 @@ class Engine:
                 # suspended runs are stopped ones, kept resumable for a later train().
                 self._abort_suspended()
             if self.tracker is not None:
+                self.tracker.active.set()
                 for slot in self.slots.values():
                     if slot.state.status in (RunStatus.STOPPED, RunStatus.DELETED):
                         self.tracker.end_run(slot.name, slot.state.status.value)

@@ -145,6 +145,10 @@ class Tracker:
         self._stop = threading.Event()
         self.polling = threading.Event()  # set while an experiment trains
         self.polling.set()
+        # Cleared while the engine switches runs: MLflow calls are milliseconds of Python under
+        # the GIL, so the thread waits for the next chunk, when torch kernels release the GIL.
+        self.active = threading.Event()
+        self.active.set()
         self.parent_run_id = self._find_or_create("", role="experiment")
         self._thread = threading.Thread(target=self._loop, name="rapidfire-tracking",
                                         daemon=True)
@@ -294,6 +298,7 @@ class Tracker:
 
     def poll_now(self) -> None:
         """Poll the control tags synchronously (tests; the thread polls on its own)."""
+        self.active.set()
         done = threading.Event()
         self._jobs.put(lambda: (self._poll(), done.set()))
         done.wait(timeout=30)
@@ -334,6 +339,7 @@ class Tracker:
                 next_poll = time.monotonic() + self.poll_interval
 
     def _run_job(self, job: Callable[[], None]) -> None:
+        self.active.wait()
         try:
             job()
         except Exception as exc:  # noqa: BLE001 - tracking must never stop training
@@ -346,6 +352,7 @@ class Tracker:
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every queued write is done."""
+        self.active.set()
         done = threading.Event()
         self._jobs.put(lambda: (self._write_pending(), done.set()))
         done.wait(timeout=timeout)
