@@ -271,3 +271,13 @@ def test_keyboard_interrupt_stops_the_experiment_and_unwinds_every_run(model_pat
     slots = rf.engine.slots.values()
     assert all(s.coroutine.finished for s in slots)  # nothing left suspended
     assert not any(s.state.status == RunStatus.FAILED for s in slots)  # not the run's fault
+
+
+def test_runs_sharing_a_model_must_agree_on_settings_applied_to_it(model_path, tmp_path):
+    with pytest.raises(RFConfigError, match="pad_token.*shares its base model"):
+        RFSFTTrainer(
+            model=model_path, train_dataset=make_sft_dataset(8),
+            peft_config=tiny_lora_config(r=4),
+            args=RFSFTConfig(output_dir=str(tmp_path), pad_token=List(["<pad>", "<s>"]),
+                             **BASE),
+        )

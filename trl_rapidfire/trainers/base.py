@@ -282,6 +282,7 @@ class RFTrainerMixin:
         group.runs.append(spec.name)
         if isinstance(model, str):
             config.model_init_kwargs = None  # loaded once by the pool, not by each trainer
+        _check_group_agrees(group, spec.name, config)
         if config.neftune_noise_alpha is not None and len(group.runs) > 1:
             raise RFConfigError(
                 f"{spec.name}: neftune_noise_alpha adds a hook to the shared base model's "
@@ -576,6 +577,30 @@ def _delegate(name: str) -> Callable[..., Any]:
     method.__name__ = name
     method.__doc__ = f"``{name}`` of the best run's trainer (before ``train()``: the first run's)."
     return method
+
+
+# Settings a trainer applies to the model or tokenizer it is given, not to itself: runs that
+# share a base model (and its tokenizer) must agree on them, or one run's setting would leak
+# into the others'.
+_SHARED_SETTINGS = ("disable_dropout", "gradient_checkpointing", "activation_checkpointing",
+                    "eos_token", "pad_token", "chat_template_path")
+
+
+def _check_group_agrees(group: Any, run: str, config: Any) -> None:
+    values = {f: getattr(config, f) for f in _SHARED_SETTINGS if hasattr(config, f)}
+    first = getattr(group, "_rf_settings", None)
+    if first is None:
+        group._rf_settings = (run, values)
+        return
+    other, theirs = first
+    for field_name, value in values.items():
+        if field_name in theirs and theirs[field_name] != value:
+            raise RFConfigError(
+                f"{run} sets {field_name}={value!r} but {other}, which shares its base model, "
+                f"sets {field_name}={theirs[field_name]!r}. The trainer applies it to the "
+                "shared model or tokenizer, so runs of one model must agree: make it a single "
+                "value, or give these runs different models."
+            )
 
 
 def _tracks_to_mlflow(args: Any) -> bool:
