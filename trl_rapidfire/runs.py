@@ -26,6 +26,7 @@ from typing import Any
 
 __all__ = [
     "RunStatus",
+    "SCHEDULABLE",
     "TRANSITIONS",
     "IllegalTransition",
     "transition",
@@ -46,7 +47,7 @@ class RunStatus(enum.StrEnum):
     @property
     def schedulable(self) -> bool:
         """Whether the scheduler may give this run its next chunk."""
-        return self in (RunStatus.PENDING, RunStatus.RUNNING)
+        return self in SCHEDULABLE
 
     @property
     def terminal(self) -> bool:
@@ -55,6 +56,9 @@ class RunStatus(enum.StrEnum):
 
 
 _S = RunStatus
+SCHEDULABLE: frozenset[RunStatus] = frozenset({_S.PENDING, _S.RUNNING})
+"""The statuses whose runs the scheduler may give a chunk."""
+
 TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     _S.PENDING: frozenset({_S.RUNNING, _S.STOPPED, _S.DELETED, _S.FAILED}),
     _S.RUNNING: frozenset({_S.COMPLETED, _S.FAILED, _S.STOPPED, _S.DELETED}),

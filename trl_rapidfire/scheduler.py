@@ -9,17 +9,16 @@ swap needed), then to the run declared first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from fractions import Fraction
+from typing import NamedTuple
 
-from .runs import RunStatus
+from .runs import SCHEDULABLE, RunStatus
 
 __all__ = ["RunView", "pick_next"]
 
 
-@dataclass(frozen=True)
-class RunView:
+class RunView(NamedTuple):
     """What the scheduler needs to know about a run.
 
     Attributes:
@@ -42,17 +41,31 @@ class RunView:
         return Fraction(self.chunks_done, max(self.chunks_total, 1))
 
 
-def pick_next(runs: Sequence[RunView], resident: str | None = None) -> str | None:
+def pick_next(runs: Iterable[RunView | tuple], resident: str | None = None) -> str | None:
     """The name of the run to train next, or ``None`` when no run can be scheduled.
 
     Args:
-        runs: every run of the experiment.
+        runs: every run of the experiment, as :class:`RunView` or plain
+            ``(name, index, status, chunks_done, chunks_total)`` tuples.
         resident: the run whose state is on the device now, if any.
     """
-    candidates = [
-        r for r in runs if r.status.schedulable and r.chunks_done < r.chunks_total
-    ]
-    if not candidates:
-        return None
-    best = min(candidates, key=lambda r: (r.progress, r.name != resident, r.index))
-    return best.name
+    # One pass, tuples unpacked, progress compared by integer cross-multiplication: exact like
+    # Fractions and cheap enough for a decision over 1,000 runs well under a millisecond.
+    best = None
+    best_done = best_total = 0
+    best_key: tuple[bool, int] = (True, 0)
+    for name, index, status, done, total in runs:
+        if status not in SCHEDULABLE or done >= total:
+            continue
+        total = max(total, 1)
+        if best is not None:
+            lhs, rhs = done * best_total, best_done * total
+            if lhs > rhs:
+                continue
+            key = (name != resident, index)
+            if lhs == rhs and key >= best_key:
+                continue
+        else:
+            key = (name != resident, index)
+        best, best_done, best_total, best_key = name, done, total, key
+    return best

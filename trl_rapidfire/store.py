@@ -1,0 +1,222 @@
+"""The experiment's shared scheduler state, for workers that cooperate across processes.
+
+Every worker of an experiment (one per process under ``accelerate launch``) claims its next
+(run, chunk) from one shared state, so each chunk is trained by exactly one worker. The state
+is a small JSON document changed only inside a :meth:`FileStore.transaction`: read under an
+exclusive file lock, changed, written atomically (temporary file, fsync, rename) before the
+lock is released. A claim carries a lease; a worker that dies mid-chunk stops renewing it, and
+once it expires the run can be claimed again from its last finished chunk.
+
+The scheduling *decisions* are plain functions of the state (:func:`claim_next`,
+:func:`finish_chunk`), independent of where the state lives: the file-locked store is the
+single-machine backend, and a backend on torch.distributed's key-value store can carry the same
+protocol across machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from .runs import RunState, RunStatus
+from .scheduler import pick_next
+
+__all__ = [
+    "Claim",
+    "ExperimentState",
+    "FileStore",
+    "StoreError",
+    "claim_next",
+    "finish_chunk",
+    "renew",
+]
+
+_FORMAT = "trl-rapidfire/scheduler-state"
+_VERSION = 1
+
+
+class StoreError(RuntimeError):
+    """The shared state cannot be used as asked (wrong experiment, corrupt file)."""
+
+
+@dataclass
+class Claim:
+    """A worker training a run's next chunk, until ``lease_until`` (``time.time()``)."""
+
+    worker: str
+    chunk: int
+    lease_until: float
+
+
+@dataclass
+class ExperimentState:
+    """What all workers share: every run's state, its chunk count, and current claims.
+
+    Attributes:
+        fingerprint: identifies the expanded runs; a re-run with other configs is refused.
+        runs: run name -> its :class:`~trl_rapidfire.runs.RunState`.
+        chunks_total: run name -> chunks in its plan.
+        order: run names in declaration order (the scheduler's last tie-break).
+        claims: run name -> the claim on it, if a worker is training it.
+        last_run: worker -> the run it trained last (affinity: its state is resident there).
+    """
+
+    fingerprint: str
+    runs: dict[str, RunState] = field(default_factory=dict)
+    chunks_total: dict[str, int] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    claims: dict[str, Claim] = field(default_factory=dict)
+    last_run: dict[str, str] = field(default_factory=dict)
+
+    def add_run(self, name: str, chunks_total: int, knobs: dict[str, Any] | None = None) -> None:
+        if name in self.runs:
+            return
+        self.runs[name] = RunState(name=name, knobs=dict(knobs or {}))
+        self.chunks_total[name] = chunks_total
+        self.order.append(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": _FORMAT, "version": _VERSION, "fingerprint": self.fingerprint,
+            "runs": {n: r.to_json() for n, r in self.runs.items()},
+            "chunks_total": self.chunks_total, "order": self.order,
+            "claims": {n: asdict(c) for n, c in self.claims.items()},
+            "last_run": self.last_run,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ExperimentState:
+        if doc.get("format") != _FORMAT or doc.get("version") != _VERSION:
+            raise StoreError(f"not a trl-rapidfire scheduler state (format {doc.get('format')!r}, "
+                             f"version {doc.get('version')!r})")
+        return cls(
+            fingerprint=doc["fingerprint"],
+            runs={n: RunState.from_json(r) for n, r in doc["runs"].items()},
+            chunks_total={n: int(v) for n, v in doc["chunks_total"].items()},
+            order=list(doc["order"]),
+            claims={n: Claim(**c) for n, c in doc["claims"].items()},
+            last_run=dict(doc["last_run"]),
+        )
+
+
+def claim_next(
+    state: ExperimentState, worker: str, *, now: float, lease_seconds: float
+) -> tuple[str, int] | None:
+    """Claim the next (run, chunk) for ``worker`` under the scheduler's rule, or ``None``.
+
+    Runs claimed by another worker with a live lease are skipped; an expired lease is taken
+    over (that worker died mid-chunk: the run restarts its chunk from its last boundary). The
+    run this worker trained last wins ties (its state is resident here).
+    """
+    for name, claim in list(state.claims.items()):
+        if claim.lease_until <= now:
+            del state.claims[name]
+    runs, totals, claims = state.runs, state.chunks_total, state.claims
+    views = (
+        (n, i, runs[n].status, runs[n].chunks_done, totals[n])
+        for i, n in enumerate(state.order) if n not in claims
+    )
+    name = pick_next(views, resident=state.last_run.get(worker))
+    if name is None:
+        return None
+    run = state.runs[name]
+    if run.status == RunStatus.PENDING:
+        run.move(RunStatus.RUNNING)
+    state.claims[name] = Claim(worker, run.chunks_done, now + lease_seconds)
+    state.last_run[worker] = name
+    return name, run.chunks_done
+
+
+def renew(state: ExperimentState, run: str, worker: str, *, now: float,
+          lease_seconds: float) -> bool:
+    """Extend ``worker``'s lease on ``run``; ``False`` if it no longer holds it."""
+    claim = state.claims.get(run)
+    if claim is None or claim.worker != worker:
+        return False
+    claim.lease_until = now + lease_seconds
+    return True
+
+
+def finish_chunk(state: ExperimentState, run: str, worker: str, chunk: int) -> bool:
+    """Record that ``worker`` finished ``chunk`` of ``run`` and release the claim.
+
+    Returns ``False`` (and changes nothing) if the claim was lost meanwhile (lease expired and
+    taken over): that chunk's work must be discarded, another worker is redoing it.
+    """
+    claim = state.claims.get(run)
+    if claim is None or claim.worker != worker or claim.chunk != chunk:
+        return False
+    del state.claims[run]
+    record = state.runs[run]
+    record.chunks_done = chunk + 1
+    if record.chunks_done >= state.chunks_total[run]:
+        if record.status == RunStatus.STOPPED:
+            # Stopped while its last chunk was being trained: nothing is left to resume.
+            record.move(RunStatus.RUNNING)
+        if record.status == RunStatus.RUNNING:
+            record.move(RunStatus.COMPLETED)
+    return True
+
+
+class FileStore:
+    """The shared state in ``<folder>/scheduler.json``, behind a file lock.
+
+    Args:
+        folder: ``<output_dir>/.rapidfire`` (created if missing).
+        fingerprint: the expanded runs' fingerprint; opening a state made for other runs is a
+            :class:`StoreError`.
+    """
+
+    def __init__(self, folder: str | os.PathLike, fingerprint: str) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.path = self.folder / "scheduler.json"
+        # One lock object per process (flock is per open file); thread_local keeps threads
+        # of one process excluded from each other too.
+        self._lock = FileLock(str(self.path) + ".lock", is_singleton=True)
+        self.fingerprint = fingerprint
+        with self.transaction():
+            pass
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[ExperimentState]:
+        """Read, let the body change, write back atomically; all under the lock."""
+        with self._lock:
+            if self.path.exists():
+                try:
+                    state = ExperimentState.from_json(json.loads(self.path.read_text("utf-8")))
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+                    raise StoreError(f"{self.path} is not a valid scheduler state: {err}") from err
+                if state.fingerprint != self.fingerprint:
+                    raise StoreError(
+                        f"{self.path} belongs to an experiment with other runs (fingerprint "
+                        f"{state.fingerprint[:12]}, these runs {self.fingerprint[:12]}): use "
+                        "another output_dir, or run the configs it was made for."
+                    )
+            else:
+                state = ExperimentState(self.fingerprint)
+            yield state
+            self._write(state)
+
+    def _write(self, state: ExperimentState) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(state.to_json(), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+
+    def read(self) -> ExperimentState:
+        """A snapshot of the state (under the lock, nothing written)."""
+        with self._lock:
+            if not self.path.exists():
+                return ExperimentState(self.fingerprint)
+            return ExperimentState.from_json(json.loads(self.path.read_text("utf-8")))
+
