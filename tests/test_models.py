@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from trl_rapidfire.models import (
@@ -24,11 +25,22 @@ def test_offload_policy_frees_least_recently_used_groups_first():
     assert choose_offloads(resident, need=500, free=50) == ["old", "mid", "new"]
 
 
-def test_move_module_keeps_parameter_identity():
+def test_move_module_to_where_the_model_is_copies_nothing():
+    model = build_model(build_tokenizer())
+    before = [(p, p.data_ptr()) for p in model.parameters()]
+    move_module(model, "cpu")
+    assert all(a is p and p.data_ptr() == ptr
+               for (a, ptr), p in zip(before, model.parameters()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_move_module_keeps_parameter_identity_across_devices():
     model = build_model(build_tokenizer())
     params = list(model.parameters())
+    move_module(model, "cuda")
+    assert all(a is b and b.is_cuda for a, b in zip(params, model.parameters()))
     move_module(model, "cpu")
-    assert all(a is b for a, b in zip(params, model.parameters()))
+    assert all(a is b and not b.is_cuda for a, b in zip(params, model.parameters()))
 
 
 def test_pool_groups_runs_by_model_and_kind_and_loads_paths_once(tmp_path):

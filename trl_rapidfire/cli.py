@@ -62,21 +62,18 @@ def _where(args: argparse.Namespace) -> dict:
     return {"output_dir": args.output_dir, "experiment": args.experiment, "uri": args.uri}
 
 
-def _fmt(value: object) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else "-"
-
-
 def _cmd_status(args: argparse.Namespace) -> int:
     from .control import experiment_runs, find_experiment
     from .display import table
+    from .report import format_value
 
     exp = find_experiment(**_where(args))
     rows = []
     for run in experiment_runs(exp):
         tags, metrics = run.data.tags, run.data.metrics
         rows.append([tags.get("rapidfire.run"), tags.get("rapidfire.status", "-"),
-                     tags.get("rapidfire.progress", "-"), _fmt(metrics.get("loss")),
-                     _fmt(metrics.get("eval_loss")), tags.get("rapidfire.op", ""),
+                     tags.get("rapidfire.progress", "-"), format_value(metrics.get("loss")),
+                     format_value(metrics.get("eval_loss")), tags.get("rapidfire.op", ""),
                      tags.get("rapidfire.op.result", "")])
     print(f"experiment {exp.name!r} ({exp.rf_experiment[:8]}) in {exp.uri}")
     print(table(["run", "status", "progress", "loss", "eval_loss", "pending op", "last op"],

@@ -111,10 +111,6 @@ class RunSlot:
             self.state = RunState(name=self.name, knobs=dict(self.knobs))
 
     @property
-    def boundaries(self) -> tuple[int, ...]:
-        return self.plan.boundaries
-
-    @property
     def final_dir(self) -> Path:
         return self.run_dir / "final"
 

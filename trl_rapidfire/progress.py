@@ -5,30 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .display import table
-from .knobs import describe_value
+from .report import results_table
 from .results import RunResult
 
 __all__ = ["ExperimentProgress", "runs_table"]
 
 
-def _fmt(v: object) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return "-" if v is None else str(v)
-
-
 def runs_table(runs: Sequence[RunResult]) -> str:
-    """``run  status  step  loss  eval_loss  knobs`` for every run."""
-    rows = []
-    for r in runs:
-        knobs = ", ".join(
-            f"{k}={_fmt(v) if isinstance(v, float) else describe_value(v)}"
-            for k, v in r.knobs.items()
-        )
-        rows.append([r.name, r.status.value, r.global_step, _fmt(r.metrics.get("loss")),
-                     _fmt(r.metrics.get("eval_loss")), knobs])
-    return table(["run", "status", "step", "loss", "eval_loss", "knobs"], rows)
+    """``run  status  steps  loss  eval_loss  knobs`` for every run."""
+    return results_table(runs, {"loss": "loss", "eval_loss": "eval_loss"})
 
 
 class ExperimentProgress:

@@ -229,8 +229,8 @@ class Tracker:
         return metrics
 
     def set_tags(self, name: str, tags: Mapping[str, str]) -> None:
-        """Queue tag updates of run ``name`` (``""`` for the parent run); the latest value of
-        each tag is written with the next batch."""
+        """Queue tag updates of run ``name``; the latest value of each tag is written with the
+        next batch."""
         with self._lock:
             self._pending_tags.setdefault(name, {}).update(tags)
 
@@ -248,10 +248,6 @@ class Tracker:
         from mlflow.entities import RunTag
 
         run_tags = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
-        if name == "":
-            if run_tags:
-                self.client.log_batch(self.parent_run_id, tags=run_tags)
-            return
         metrics = self._new_metrics(name, points)
         handle = self._runs[name]
         for i in range(0, max(len(metrics), 1), 1000):

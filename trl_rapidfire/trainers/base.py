@@ -187,7 +187,6 @@ class RFTrainerMixin:
         search: Search | None,
         knob_args: dict[str, Any],
         shared_args: dict[str, Any],
-        build_run: Callable[[RunSpec, dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         if search is None:
             search = GridSearch()
