@@ -202,3 +202,23 @@ def test_warm_clone_mid_flight_copies_the_adapter_at_the_boundary(model_path, tm
     for (name, value), key in zip(sorted(start.items()), sorted(ckpt)):
         assert torch.equal(value, ckpt[key]), name
     assert all(r.status == RunStatus.COMPLETED for r in rf.runs)
+
+
+def test_clone_warm_of_a_full_fine_tuning_run_starts_from_its_weights(model_path, tmp_path):
+    _Snapshot.seen.clear()
+    rf = RFSFTTrainer(
+        model=model_path,
+        args=RFSFTConfig(output_dir=str(tmp_path / "exp"), num_chunks=2, max_steps=4,
+                         learning_rate=List([1e-3, 3e-3]), **{**BASE, "report_to": "none"}),
+        train_dataset=make_sft_dataset(32),
+        callbacks=[_Snapshot()],
+    )
+    rf.train()
+    rf.clone("run-0", {"learning_rate": 1e-4}, warm=True)
+    rf.train()
+    assert rf.op_log[-1].result == "ok: created run-2 warm-started from run-0"
+    start = _Snapshot.seen[str(tmp_path / "exp" / "runs" / "run-2")]
+    parent = load_file(tmp_path / "exp/runs/run-0/final/model.safetensors")
+    assert set(parent) <= set(start)
+    assert all(torch.equal(start[k], parent[k]) for k in parent)
+    assert {r.name: r.status for r in rf.runs}["run-2"] == RunStatus.COMPLETED

@@ -590,32 +590,16 @@ class Engine:
     def parent_state(self, slot: RunSlot) -> tuple[list[torch.Tensor], list[Any]]:
         """Copies of ``slot``'s parameter values and per-parameter optimizer state, as of its
         last finished chunk (for a warm-started clone)."""
-        if slot.residency.resident:
-            from .residency import inner_optimizer
-
-            values = [p.detach().to("cpu", copy=True) for p in slot.residency.params]
-            opt = inner_optimizer(slot.trainer.optimizer) if slot.trainer else None
-            states = []
-            for p in slot.residency.params:
-                st = opt.state.get(p) if opt is not None else None
-                states.append({k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor)
-                               else v for k, v in st.items()} if st else None)
-            return values, states
-        if slot.residency.key in self.cache:
-            tree = self.cache.get(slot.residency.key, copy=True)
-            return list(tree["params"]), list(tree["optimizer"])
-        raise OpError(f"{slot.name} has no weights to start from")
+        optimizer = slot.trainer.optimizer if slot.trainer is not None else None
+        try:
+            return slot.residency.copy_state(self.cache, optimizer)
+        except LookupError as err:
+            raise OpError(f"{slot.name} has no weights to start from") from err
 
     def load_warm_optimizer_state(self, slot: RunSlot) -> None:
         """Inside the clone's ``train()``, once its optimizer exists: give it the parent's
         moments (shapes were checked when the clone was made)."""
-        from .residency import inner_optimizer
-
-        opt = inner_optimizer(slot.trainer.optimizer)
-        for p, state in zip(slot.residency.params, slot.warm_optimizer_state or []):
-            if state is not None:
-                opt.state[p] = {k: v.to(p.device) if isinstance(v, torch.Tensor) else v
-                                for k, v in state.items()}
+        slot.residency.load_optimizer_state(slot.trainer.optimizer, slot.warm_optimizer_state)
         slot.warm_optimizer_state = None
 
     def activate(self, name: str) -> None:

@@ -67,10 +67,13 @@ def move_module(module: torch.nn.Module, device: torch.device | str) -> None:
                     m._buffers[name] = b.to(device)
 
 
-def module_bytes(module: torch.nn.Module) -> int:
-    """Bytes of the module's parameters and buffers."""
+def module_bytes(module: torch.nn.Module, device: torch.device | None = None, *,
+                 on: bool = True) -> int:
+    """Bytes of the module's parameters and buffers (with ``device``: only those on it, or,
+    with ``on=False``, only those elsewhere)."""
     tensors = list(module.parameters()) + list(module.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.numel() * t.element_size() for t in tensors
+               if device is None or (t.device == device) == on)
 
 
 def choose_offloads(
@@ -193,11 +196,7 @@ class ModelPool:
         self._lru.append(group.key)
         if device.type != "cuda":
             return
-        need = sum(
-            t.numel() * t.element_size()
-            for t in list(group.model.parameters()) + list(group.model.buffers())
-            if t.device != device
-        )
+        need = module_bytes(group.model, device, on=False)
         if need == 0:
             return
         free, total = torch.cuda.mem_get_info(device)
@@ -205,11 +204,7 @@ class ModelPool:
         resident = []
         for key in self._lru[:-1]:
             other = self.groups[key]
-            on_device = sum(
-                t.numel() * t.element_size()
-                for t in list(other.model.parameters()) + list(other.model.buffers())
-                if t.device == device
-            )
+            on_device = module_bytes(other.model, device)
             if on_device:
                 resident.append((key, on_device))
         for key in choose_offloads(resident, need, free, int(self.reserve_fraction * total)):

@@ -53,19 +53,22 @@ class Residency:
     _param_devices: list[torch.device] = field(default_factory=list)
     _state_devices: list[dict[str, torch.device]] = field(default_factory=list)
 
+    def _optimizer_states(self, optimizer: Any) -> list[dict[str, Any] | None]:
+        """The optimizer's per-parameter state dicts, in parameter order (``None``: none)."""
+        opt = inner_optimizer(optimizer)
+        states = [opt.state.get(p) if opt is not None else None for p in self.params]
+        return [dict(state) if state else None for state in states]
+
     def park(self, cache: StateCache, optimizer: Any) -> None:
         """Hand the run's parameter values and optimizer state to ``cache``; free the device."""
         if not self.resident:
             return
         opt = inner_optimizer(optimizer)
-        states: list[dict[str, Any] | None] = []
-        self._state_devices = []
-        for p in self.params:
-            state = opt.state.get(p) if opt is not None else None
-            states.append(dict(state) if state else None)
-            self._state_devices.append(
-                {k: v.device for k, v in (state or {}).items() if isinstance(v, torch.Tensor)}
-            )
+        states = self._optimizer_states(optimizer)
+        self._state_devices = [
+            {k: v.device for k, v in (state or {}).items() if isinstance(v, torch.Tensor)}
+            for state in states
+        ]
         self._param_devices = [p.device for p in self.params]
         tree = {"params": [p.data for p in self.params], "optimizer": states}
         # On the CPU the cache can own these very tensors: nobody else will touch them.
@@ -97,6 +100,40 @@ class Residency:
         if any(d.type == "cuda" for d in self._param_devices):
             torch.cuda.current_stream().synchronize()
         self.resident = True
+
+    def copy_state(self, cache: StateCache, optimizer: Any) -> tuple[list[torch.Tensor], list[Any]]:
+        """Host copies of the run's parameter values and optimizer states, wherever they are
+        (resident, or parked in ``cache``); the run itself is left as it was.
+
+        Raises ``LookupError`` when the run has neither (it was dropped)."""
+        if self.resident:
+            def host(v: Any) -> Any:
+                return v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
+
+            states = [None if st is None else {k: host(v) for k, v in st.items()}
+                      for st in self._optimizer_states(optimizer)]
+            return [host(p) for p in self.params], states
+        if self.key in cache:
+            tree = cache.get(self.key, copy=True)
+            return list(tree["params"]), list(tree["optimizer"])
+        raise LookupError(self.key)
+
+    def load_optimizer_state(self, optimizer: Any, states: Sequence[Any] | None) -> None:
+        """Give the run's optimizer per-parameter states (e.g. a warm clone's parent's)."""
+        opt = inner_optimizer(optimizer)
+        for p, state in zip(self.params, states or []):
+            if state is not None:
+                opt.state[p] = {k: v.to(p.device) if isinstance(v, torch.Tensor) else v
+                                for k, v in state.items()}
+
+    def park_values(self, cache: StateCache, values: Sequence[torch.Tensor]) -> None:
+        """Park ``values`` as the run's parameter values (no optimizer state yet), for a run
+        that is not resident: they go onto the parameters at its first turn."""
+        if self.resident:
+            raise RuntimeError(f"{self.key} is resident; set its parameters instead")
+        cache.put(self.key, {"params": list(values), "optimizer": [None] * len(values)})
+        self._param_devices = [p.device for p in self.params]
+        self._state_devices = [{} for _ in self.params]
 
     def load_initial(self, values: Sequence[torch.Tensor]) -> None:
         """Set the run's parameters to ``values`` (copies), e.g. a full fine-tuning run's

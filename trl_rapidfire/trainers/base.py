@@ -411,10 +411,7 @@ class RFTrainerMixin:
                     p.data.copy_(v.to(p.device))
         else:
             # Full fine-tuning: the clone's weights are swapped in at its first turn.
-            self._rf_cache.put(slot.residency.key,
-                               {"params": values, "optimizer": [None] * len(values)})
-            slot.residency._param_devices = [p.device for p in params]
-            slot.residency._state_devices = [{} for _ in params]
+            slot.residency.park_values(self._rf_cache, values)
         slot.warm_optimizer_state = states
 
     # ------------------------------------------------------------------ control ops
