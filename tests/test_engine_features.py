@@ -230,14 +230,14 @@ def test_progress_bar_and_runs_table(model_path, tmp_path, capsys):
     assert "learning_rate=0.002" in text
 
 
-def test_resume_from_checkpoint_is_a_clear_error_and_train_again_is_a_no_op(model_path,
-                                                                            tmp_path):
+def test_resume_from_a_checkpoint_path_is_a_clear_error_and_train_again_is_a_no_op(model_path,
+                                                                                  tmp_path):
     rf = RFSFTTrainer(model=model_path, train_dataset=make_sft_dataset(8), peft_config=
                       tiny_lora_config(r=4),
                       args=RFSFTConfig(output_dir=str(tmp_path), max_steps=1, **BASE))
-    with pytest.raises(ValueError, match="resume_from_checkpoint"):
-        rf.train(resume_from_checkpoint=True)
-    first = rf.train()
+    with pytest.raises(ValueError, match="resume_from_checkpoint=True"):
+        rf.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    first = rf.train(resume_from_checkpoint=True)
     again = rf.train()  # nothing left to train: the same best run's output
     assert again is first and len(rf.schedule) == 1
 

@@ -27,6 +27,7 @@ from trl import DPOConfig, GRPOConfig, SFTConfig
 
 from .accelerate_state import preserved_accelerate_state
 from .knobs import Knob, List, Range, is_knob, knob_from_json
+from .workers import detach_from_launch
 
 __all__ = [
     "RFConfigError",
@@ -276,6 +277,9 @@ class RFConfigMixin:
     # ---- construction ------------------------------------------------------------------------
 
     def __post_init__(self) -> None:
+        # Under accelerate launch / torchrun this process is one worker training whole runs:
+        # leave the launcher's world before the first TrainingArguments sees it.
+        detach_from_launch()
         raw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         knobs = self._collect_knobs(raw)
         self._check_rf_fields(raw)
@@ -410,6 +414,10 @@ class RFConfigMixin:
             if kwargs[name] == CHUNK:
                 # TRL never sees "chunk": the engine does the chunk-time work itself.
                 kwargs[name] = "no"
+        if not kwargs.get("fsdp"):
+            # Each run trains in a world of one (see workers.py): a DDP backend would make
+            # the Trainer ask for a process group that does not exist outside a launch.
+            kwargs["ddp_backend"] = None
         ratio = choices.get("warmup_ratio", self._rf_raw.get("warmup_ratio"))
         if ratio is not None:
             _check_warmup_ratio(ratio, kwargs.get("warmup_steps"))

@@ -12,6 +12,14 @@ Each run is a live Trainer whose ``train()`` runs in a coroutine of its own (see
    (or the run ends, or fails);
 4. *switch out*: save its RNG streams and accelerate state, record the chunk in the schedule.
 
+Which run goes next is claimed from the experiment's shared state (:mod:`trl_rapidfire.store`),
+so the same loop is one worker among several under ``accelerate launch``: each (run, chunk)
+is claimed by exactly one worker. At every chunk boundary the run writes an ordinary HF
+checkpoint (:mod:`trl_rapidfire.durable`) before the chunk counts as done. A run whose last
+chunk this worker trained continues in its suspended ``train()`` (the fast path); any other
+run, one trained by another worker or before a crash, is rebuilt and continues with the
+Trainer's own ``train(resume_from_checkpoint=...)``.
+
 The engine knows nothing of SFT, DPO or GRPO: the trainer layer builds each run's Trainer and
 registers it with :meth:`Engine.add_run`.
 """
@@ -20,7 +28,11 @@ from __future__ import annotations
 
 import copy
 import gc
+import json
 import math
+import shutil
+import signal
+import threading
 import time
 import traceback
 import warnings
@@ -33,18 +45,21 @@ import torch
 from transformers import TrainerCallback
 
 from .accelerate_state import restore_accelerate_state, snapshot_accelerate_state
-from .cache import StateCache
+from .cache import StateCache, save_tree
 from .chunks import ChunkPlan, plan_chunks, training_steps
 from .control import Op, OpError, OpRecord, append_op_row, parse_op
+from .durable import checkpoint_at, prune_checkpoints, write_atomically
+from .knobs import describe_value
 from .models import ModelGroup, ModelPool
 from .progress import ExperimentProgress
 from .residency import Residency
 from .results import RunResult, latest_metrics
 from .runs import RunState, RunStatus
-from .schedule import ChunkRecord, append_schedule_row, write_schedule_csv
-from .scheduler import RunView, pick_next
+from .schedule import ChunkRecord, append_schedule_row, read_schedule_csv, write_schedule_csv
+from .store import FileStore, claim_next, expire, fail_claimed, finish_chunk, release, renew
 from .switch import Aborted, RngState, RunCoroutine
 from .tracking import PROGRESS_TAG, STATUS_TAG, Tracker
+from .workers import WorkerInfo, current_worker
 
 __all__ = ["ChunkCallback", "Engine", "EngineStats", "RunSlot", "RunFailure"]
 
@@ -105,6 +120,22 @@ class RunSlot:
     stateful: list[Any] = field(default_factory=list)
     _stateful_states: list[Any] = field(default_factory=list)
     warm_optimizer_state: list[dict[str, Any] | None] | None = None
+    # A warm clone's starting values and moments, written for other workers to build it from.
+    warm_state_tree: dict[str, Any] | None = None
+    # Where the run's boundary checkpoints go (``<output_dir>/.rapidfire/checkpoints/<run>``).
+    checkpoints: Path | None = None
+    # Chunks this worker's live train() has done: behind the shared state's count, the run
+    # was trained elsewhere (another worker, an earlier process) and continues from disk.
+    local_chunks: int = 0
+    # The checkpoint the next train() call resumes from, and whether the run's parameters
+    # must be given room for it first.
+    resume_from: Path | None = None
+    needs_load: bool = False
+    # Finished elsewhere: the final weights are on disk, loaded when the run is activated.
+    weights_on_disk: bool = False
+    # The run's trainer state as last written to disk by whoever trained it (for results).
+    disk_state: Any = None
+    _epoch_end_rng: tuple[int, RngState] | None = None
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -117,8 +148,11 @@ class RunSlot:
     def result(self) -> RunResult:
         if self.trainer is None:  # failed before its trainer existed
             return RunResult(self.name, dict(self.knobs), self.state.status, 0,
-                             str(self.run_dir), {}, self.error)
-        metrics = latest_metrics(self.trainer.state.log_history)
+                             str(self.run_dir), {}, self.error or self.state.error)
+        state = self.trainer.state
+        if self.disk_state is not None and self.disk_state.global_step > state.global_step:
+            state = self.disk_state
+        metrics = latest_metrics(state.log_history)
         if self.train_output is not None:
             metrics.update(
                 {k: v for k, v in (self.train_output.metrics or {}).items()
@@ -128,10 +162,10 @@ class RunSlot:
             name=self.name,
             knobs=dict(self.knobs),
             status=self.state.status,
-            global_step=int(self.trainer.state.global_step),
+            global_step=int(state.global_step),
             output_dir=str(self.run_dir),
             metrics=metrics,
-            error=self.error,
+            error=self.error or self.state.error,
         )
 
 
@@ -170,11 +204,20 @@ class ChunkCallback(TrainerCallback):
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.slot._points.append((key, float(value), step, now))
 
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if state.global_step in self.slot.plan.boundaries:
+            # On resume the Trainer puts the random streams back *before* the next epoch
+            # shuffles its data: a boundary at an epoch end records them as of now.
+            self.slot._epoch_end_rng = (state.global_step, RngState.capture())
+
     def on_step_begin(self, args, state, control, **kwargs):
         slot = self.slot
         step = state.global_step
         if step in slot.plan.boundaries and step not in slot._yielded_at:
             slot._yielded_at.add(step)
+            # Here the next step's batches are fetched and nothing else has moved: exactly
+            # where train(resume_from_checkpoint=...) restores a mid-epoch checkpoint.
+            self.engine.save_boundary(slot)
             self.engine.end_turn(slot)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -200,10 +243,14 @@ class Engine:
         output_dir: the experiment folder (``schedule.csv`` and ``runs/<name>/`` go here).
         cache: where parked run state lives.
         progress: show the progress bar and the runs table at chunk boundaries.
-        worker: this worker's id, recorded in the schedule.
-        save_final: how a finished run saves its final weights (default: ``save_model`` into
-            ``runs/<name>/final``).
+        store: the experiment's shared scheduler state (default: a file store in
+            ``<output_dir>/.rapidfire`` for this process alone).
+        worker: who this worker is (default: this process, see :mod:`trl_rapidfire.workers`).
         pool: the shared base models (moved on and off a CUDA device as runs take turns).
+        durable: write each run's checkpoint at every chunk boundary (what crash recovery
+            and moving runs between workers rest on).
+        lease_seconds: how long a claim lives without renewal (the worker renews it while it
+            trains; on this machine a dead worker is noticed at once, whatever the lease).
     """
 
     def __init__(
@@ -212,25 +259,44 @@ class Engine:
         cache: StateCache,
         *,
         progress: bool = True,
-        worker: int = 0,
-        save_final: Callable[[RunSlot], None] | None = None,
+        store: FileStore | None = None,
+        worker: WorkerInfo | None = None,
         pool: ModelPool | None = None,
+        durable: bool = True,
+        lease_seconds: float = 120.0,
     ) -> None:
         self.output_dir = Path(output_dir)
         self.cache = cache
-        self.worker = worker
+        self.worker = worker or current_worker()
+        self.store = store or FileStore(self.output_dir / ".rapidfire", fingerprint="")
         self.pool = pool
+        self.durable = durable
+        self.lease_seconds = lease_seconds
+        self.idle_wait = 0.05
         self.tracker: Tracker | None = None
         self.op_log: list[OpRecord] = []
-        self.clone_builder: Callable[[RunSlot, Op], RunSlot] | None = None
+        # Set by the trainer layer: how to build a clone's run, and a fresh trainer for a run
+        # that continues from its checkpoint.
+        self.clone_builder: Callable[..., RunSlot] | None = None
+        self.rebuild: Callable[[RunSlot], Any] | None = None
         self._queued_ops: list[tuple[str, str, str]] = []
         self.slots: dict[str, RunSlot] = {}
         self.schedule: list[ChunkRecord] = []
         self.stats = EngineStats()
+        self.interrupted = False
         self._progress_enabled = progress
         self._progress: ExperimentProgress | None = None
         self._resident: RunSlot | None = None
-        self._save_final = save_final or (lambda slot: slot.trainer.save_model(str(slot.final_dir)))
+        self._claimed: tuple[str, int] | None = None
+        self._registered = False
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.output_dir / ".rapidfire" / "checkpoints"
+
+    @property
+    def schedule_path(self) -> Path:
+        return self.output_dir / "schedule.csv"
 
     # ------------------------------------------------------------------ building
 
@@ -299,15 +365,21 @@ class Engine:
             chunk_eval=chunk_eval,
             chunk_save=chunk_save,
             step_multiple=step_multiple,
+            checkpoints=self.checkpoint_root / name,
         )
+        self._attach(slot, trainer)
+        self.slots[name] = slot
+        return slot
+
+    def _attach(self, slot: RunSlot, trainer: Any) -> None:
+        # The trainer's starting point: RNG streams and accelerate state as they are right
+        # after it was built, what a script that built it alone would then train from.
+        slot.trainer = trainer
         trainer.add_callback(ChunkCallback(self, slot))
-        stateful = getattr(trainer, "_rf_stateful", lambda: [])()
-        slot.stateful = list(stateful)
+        slot.stateful = list(getattr(trainer, "_rf_stateful", lambda: [])())
         slot._stateful_states = [copy.deepcopy(obj.state_dict()) for obj in slot.stateful]
         slot.rng = RngState.capture()
         slot.accelerate = snapshot_accelerate_state()
-        self.slots[name] = slot
-        return slot
 
     def add_failed_run(
         self, *, name: str, index: int, knobs: dict[str, Any], run_dir: Path,
@@ -348,11 +420,43 @@ class Engine:
         slot.coroutine.suspend()
         slot._resumed_at = time.perf_counter()
 
+    def save_boundary(self, slot: RunSlot) -> None:
+        """Inside the run's turn, at a chunk boundary: write its checkpoint (atomically) and
+        remove the previous one. The chunk counts as done only after this."""
+        if not self.durable or slot.checkpoints is None:
+            return
+        step = int(slot.trainer.state.global_step)
+        rng = None
+        if slot._epoch_end_rng is not None and slot._epoch_end_rng[0] == step:
+            rng = slot._epoch_end_rng[1]
+        slot._epoch_end_rng = None
+        target = slot.checkpoints / f"checkpoint-{step}"
+        slot.trainer._rf_save_boundary(target, rng)
+        prune_checkpoints(slot.checkpoints, keep=target)
+
+    def _write_final(self, slot: RunSlot) -> None:
+        trainer = slot.trainer
+
+        def write(folder: Path) -> None:
+            trainer.save_model(str(folder))
+            # What a worker that did not train the run needs to report it.
+            trainer.state.save_to_json(str(folder / "trainer_state.json"))
+            out = slot.train_output
+            (folder / "train_output.json").write_text(json.dumps({
+                "global_step": out.global_step, "training_loss": out.training_loss,
+                "metrics": out.metrics,
+            }, default=float), encoding="utf-8")
+
+        write_atomically(slot.final_dir, write)
+
     def _run_main(self, slot: RunSlot) -> None:
         slot._resumed_at = time.perf_counter()
         try:
-            slot.train_output = slot.trainer.train()
-            self._save_final(slot)
+            kwargs = {}
+            if slot.resume_from is not None:
+                kwargs["resume_from_checkpoint"] = str(slot.resume_from)
+            slot.train_output = slot.trainer.train(**kwargs)
+            self._write_final(slot)
         except Aborted:
             pass
         except Exception as exc:  # a run's failure must not stop the others
@@ -363,13 +467,117 @@ class Engine:
             slot.finished = True
             slot.compute_seconds += time.perf_counter() - slot._resumed_at
 
-    # ------------------------------------------------------------------ scheduler side
+    # ------------------------------------------------------------------ shared state
 
-    def _views(self) -> list[RunView]:
-        return [
-            RunView(s.name, s.index, s.state.status, s.state.chunks_done, len(s.plan))
-            for s in self.slots.values()
-        ]
+    def _register(self) -> None:
+        """First ``run()``: put this process's runs in the shared state, or take the state
+        that an earlier process (a killed experiment) or another worker left."""
+        with self.store.transaction() as st:
+            for slot in self.slots.values():
+                if slot.name not in st.runs:
+                    st.add_run(slot.name, len(slot.plan), _json_knobs(slot.knobs))
+                    if slot.trainer is None:
+                        st.runs[slot.name].fail(slot.error or "could not be set up")
+            expire(st, now=time.time())
+            records = {n: RunState.from_json(r.to_json()) for n, r in st.runs.items()}
+            clones = dict(st.clones)
+        for name in records:
+            if name not in self.slots and name in clones:
+                self._build_clone_from_store(name, clones[name])
+        first_sight = not self.schedule_path.exists()
+        if first_sight:
+            write_schedule_csv([], self.schedule_path)
+        else:
+            self.schedule = read_schedule_csv(self.schedule_path)
+        for name, record in records.items():
+            if name in self.slots:
+                self._adopt(self.slots[name], record)
+                slot = self.slots[name]
+                if record.chunks_done and self.tracker is not None and self.worker.rank == 0:
+                    # Points of chunks that reached disk but not MLflow (a crash in between)
+                    # are in the checkpoint's log history; MLflow keeps one point per step.
+                    state = slot.disk_state
+                    if state is not None:
+                        self.tracker.log_metrics(name, _points_of(state.log_history))
+                    self._report(slot)
+        self._registered = True
+
+    def _adopt(self, slot: RunSlot, record: RunState) -> None:
+        """Make this worker's view of ``slot`` the shared state's ``record``."""
+        before = slot.state
+        slot.state = record
+        if record.status == RunStatus.DELETED and before.status != RunStatus.DELETED:
+            self._forget(slot)
+            return
+        if record.status == RunStatus.FAILED and slot.error is None:
+            slot.error = record.error
+        behind = record.chunks_done > slot.local_chunks
+        if not behind:
+            return
+        if record.status == RunStatus.COMPLETED:
+            final = slot.final_dir
+            if (final / "trainer_state.json").is_file() and not slot.weights_on_disk:
+                slot.disk_state = _load_trainer_state(final / "trainer_state.json")
+                out = json.loads((final / "train_output.json").read_text("utf-8"))
+                from transformers.trainer_utils import TrainOutput
+
+                slot.train_output = TrainOutput(out["global_step"], out["training_loss"],
+                                                out["metrics"])
+                slot.weights_on_disk = True
+        elif slot.checkpoints is not None and record.global_step != getattr(
+            slot.disk_state, "global_step", None
+        ):
+            ckpt = checkpoint_at(slot.checkpoints, record.global_step)
+            if ckpt is not None:
+                slot.disk_state = _load_trainer_state(ckpt / "trainer_state.json")
+
+    def _sync(self, st: Any) -> None:
+        for name, record in st.runs.items():
+            slot = self.slots.get(name)
+            if slot is not None:
+                self._adopt(slot, RunState.from_json(record.to_json()))
+
+    def _forget(self, slot: RunSlot) -> None:
+        if slot.coroutine is not None and not slot.coroutine.finished:
+            slot.coroutine.abort()
+        slot.residency.drop(self.cache)
+        if self._resident is slot:
+            self._resident = None
+
+    def _claim(self) -> tuple[RunSlot, int] | None | bool:
+        """Claim the next (run, chunk): the slot and chunk, ``None`` to wait (others are
+        training runs that may come back), ``False`` when nothing is left."""
+        with self.store.transaction() as st:
+            for name in st.runs:
+                if name not in self.slots and name in st.clones:
+                    info = dict(st.clones[name])
+                    break
+            else:
+                info = None
+            if info is None:
+                claimed = claim_next(st, self.worker.id, now=time.time(),
+                                     lease_seconds=self.lease_seconds)
+                waiting = st.live_claims()
+                self._sync(st)
+        if info is not None:  # a clone made by another worker: build it here too
+            self._build_clone_from_store(name, info)
+            return None
+        if claimed is not None:
+            self._claimed = claimed
+            return self.slots[claimed[0]], claimed[1]
+        return None if waiting else False
+
+    def _build_clone_from_store(self, name: str, info: dict[str, str]) -> None:
+        parent = self.slots.get(info["parent"])
+        if parent is None or self.clone_builder is None:
+            raise RuntimeError(f"cannot build clone {name}: parent {info['parent']} unknown")
+        warm = self.output_dir / ".rapidfire" / "warm" / name
+        self.clone_builder(parent, parse_op(info["op"]), name=name,
+                           warm_from=warm if warm.is_dir() else None)
+        if self._progress is not None:
+            self._progress.set_total(self.total_chunks)
+
+    # ------------------------------------------------------------------ scheduler side
 
     def _switch_in(self, slot: RunSlot) -> None:
         prev = self._resident
@@ -377,7 +585,11 @@ class Engine:
             prev.residency.park(self.cache, prev.trainer.optimizer)
         if self.pool is not None:
             self.pool.make_room(slot.group, slot.trainer.args.device)
-        if not slot.residency.resident:
+        if slot.needs_load:
+            # Its values come from a checkpoint: only room for them is needed.
+            slot.residency.materialize(self.cache)
+            slot.needs_load = False
+        elif not slot.residency.resident:
             if slot.residency.key in self.cache:
                 slot.residency.unpark(self.cache, slot.trainer.optimizer)
             elif slot.group.initial_weights is not None:
@@ -397,12 +609,38 @@ class Engine:
         slot.accelerate = snapshot_accelerate_state()
         slot._stateful_states = [copy.deepcopy(obj.state_dict()) for obj in slot.stateful]
 
-    def _turn(self, slot: RunSlot) -> None:
-        start_step = int(slot.trainer.state.global_step)
-        chunk = slot.plan.chunk_at(start_step)
+    def _continue_from_disk(self, slot: RunSlot) -> None:
+        """The shared state is ahead of this worker's live train() of ``slot``: continue from
+        the run's checkpoint at its last boundary, with a fresh trainer if this one ran."""
+        done = slot.state.chunks_done
+        step = slot.plan.chunks[done - 1].end_step
+        ckpt = checkpoint_at(slot.checkpoints, step) if slot.checkpoints else None
+        if ckpt is None:
+            raise RuntimeError(
+                f"{slot.name} has {done} chunk(s) done but no checkpoint at step {step} in "
+                f"{slot.checkpoints}; it cannot continue exactly."
+            )
+        if slot.coroutine is not None:
+            if not slot.coroutine.finished:
+                slot.coroutine.abort()
+            slot.coroutine = None
+            if self.rebuild is None:
+                raise RuntimeError(f"{slot.name}: this experiment cannot rebuild a trainer")
+            self._attach(slot, self.rebuild(slot))
+        slot.resume_from = ckpt
+        slot.needs_load = True
+        slot._yielded_at = {step}
+        slot.finished = False
+        slot.local_chunks = done
+
+    def _turn(self, slot: RunSlot, chunk_number: int) -> None:
+        if slot.state.chunks_done > slot.local_chunks or (
+            slot.state.chunks_done and slot.coroutine is None and slot.resume_from is None
+        ):
+            self._continue_from_disk(slot)
+        chunk = slot.plan.chunks[chunk_number] if chunk_number < len(slot.plan) else None
+        start_step = chunk.start_step if chunk is not None else slot.state.global_step
         self._switch_in(slot)
-        if slot.state.status == RunStatus.PENDING:
-            slot.state.move(RunStatus.RUNNING)
         if slot.coroutine is None:
             slot.coroutine = RunCoroutine(lambda: self._run_main(slot), name=slot.name)
         if self._progress is not None:
@@ -410,46 +648,68 @@ class Engine:
         t0 = time.time()
         if self.tracker is not None:
             self.tracker.active.set()  # MLflow work runs while the chunk computes...
+        keeper = _LeaseKeeper(self, slot.name)
         try:
             slot.coroutine.resume()
         finally:
+            keeper.stop()
             if self.tracker is not None:
                 self.tracker.active.clear()  # ...and waits while the engine switches
         t1 = time.time()
         self._switch_out(slot)
         end_step = int(slot.trainer.state.global_step)
-        slot.state.global_step = end_step
+        self._claimed = None
 
         if slot.error is not None:
-            slot.state.fail(slot.error)
+            with self.store.transaction() as st:
+                fail_claimed(st, slot.name, self.worker.id, slot.error)
+                self._sync(st)
             slot.residency.drop(self.cache)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # after an out-of-memory error, give the rest back
             if self._resident is slot:
                 self._resident = None
             warnings.warn(f"{slot.name} failed: {slot.error}", RuntimeWarning, stacklevel=2)
-        elif end_step > start_step and chunk is not None:
-            slot.state.chunks_done += 1
+        elif end_step > start_step or slot.finished:
             record = ChunkRecord(
-                run=slot.name, epoch=chunk.epoch, chunk=chunk.index, number=chunk.number,
-                worker=self.worker, start_time=t0, end_time=t1,
+                run=slot.name, epoch=chunk.epoch if chunk else 0,
+                chunk=chunk.index if chunk else 0, number=chunk_number,
+                worker=self.worker.rank, start_time=t0, end_time=t1,
                 start_step=start_step, end_step=end_step,
             )
-            self.schedule.append(record)
-            append_schedule_row(record, self.output_dir / "schedule.csv")
-        if slot.finished and slot.error is None:
-            if slot.state.chunks_done < len(slot.plan):
-                # train() ended early (a callback stopped it): the run is done all the same.
-                slot.state.chunks_done = len(slot.plan)
-            slot.state.move(RunStatus.COMPLETED)
+            with self.store.transaction() as st:
+                st.chunks_total[slot.name] = len(slot.plan)
+                ok = finish_chunk(st, slot.name, self.worker.id, chunk_number,
+                                  global_step=end_step, complete=slot.finished)
+                if ok:
+                    append_schedule_row(record, self.schedule_path)
+                self._sync(st)
+            if ok:
+                self.schedule.append(record)
+                slot.local_chunks = slot.state.chunks_done
+            else:
+                warnings.warn(f"{slot.name}: this worker lost its claim on chunk "
+                              f"{chunk_number} (lease expired); another worker redoes it.",
+                              RuntimeWarning, stacklevel=2)
+                slot.local_chunks = -1
+            if slot.state.status == RunStatus.COMPLETED and slot.checkpoints is not None:
+                shutil.rmtree(slot.checkpoints, ignore_errors=True)
+        else:
+            with self.store.transaction() as st:
+                release(st, slot.name, self.worker.id)
+                self._sync(st)
         self._report(slot)
         if self._progress is not None and slot.error is None:
             self._progress.chunk_done(self.results())
 
     def run(self) -> None:
-        """Train every registered run to the end (or to its failure)."""
+        """Train every registered run to the end (or to its failure).
+
+        With several workers (``accelerate launch``), returns when no run is left for any of
+        them. The first Ctrl-C stops at the next chunk boundary (``interrupted`` is set, the
+        finished chunks are on disk, a re-run continues); a second one stops at once.
+        """
         self._progress = ExperimentProgress(self.total_chunks, enabled=self._progress_enabled)
-        write_schedule_csv(self.schedule, self.output_dir / "schedule.csv")
         # Every run's train() starts with accelerate's free_memory(), a full gc.collect() over
         # everything the process holds (~0.2 s per run with the HF stack imported). The models,
         # datasets and trainers built so far live as long as the experiment: freeze them out
@@ -460,21 +720,36 @@ class Engine:
             self.tracker.polling.set()
         started = time.perf_counter()
         ok = False
+        self.interrupted = False
+        previous_handler = _install_sigint(self)
         try:
-            while True:
+            if not self._registered:
+                self._register()
+            while not self.interrupted:
                 self.apply_ops()
-                name = pick_next(self._views(), self._resident.name if self._resident else None)
-                if name is None:
+                claimed = self._claim()
+                if claimed is False:
                     break
-                self._turn(self.slots[name])
+                if claimed is None:
+                    time.sleep(self.idle_wait)
+                    continue
+                self._turn(*claimed)
             ok = True
         finally:
+            if previous_handler is not None:
+                signal.signal(signal.SIGINT, previous_handler)
+            if self._claimed is not None:
+                with self.store.transaction() as st:
+                    release(st, self._claimed[0], self.worker.id)
+                self._claimed = None
             gc.unfreeze()
             self.stats.wall += time.perf_counter() - started
             self.stats.compute = sum(s.compute_seconds for s in self.slots.values())
             self.stats.turns = len(self.schedule)
             self._progress.close()
             self._progress = None
+            if ok and self.worker.launched:
+                self.schedule = read_schedule_csv(self.schedule_path)
             if not ok:
                 # Interrupted: unwind every suspended train(). On a normal end the only
                 # suspended runs are stopped ones, kept resumable for a later train().
@@ -525,10 +800,14 @@ class Engine:
         self._queued_ops.append((source, run, op))
 
     def apply_ops(self) -> list[OpRecord]:
-        """Apply every pending op (tags polled by the tracker, queued Python ops)."""
+        """Apply every pending op (tags polled by the tracker, queued Python ops).
+
+        Ops set as MLflow tags are read by the first worker only, so each is applied once;
+        what it changes reaches the other workers through the shared state.
+        """
         pending = list(self._queued_ops)
         self._queued_ops.clear()
-        if self.tracker is not None:
+        if self.tracker is not None and self.worker.rank == 0:
             pending += [("tag", run, text) for run, text in self.tracker.pending_ops().items()]
         records = []
         for source, run, text in pending:
@@ -552,37 +831,42 @@ class Engine:
         return records
 
     def _apply(self, run: str, op: Op) -> str:
-        slot = self.slots.get(run)
-        if slot is None:
-            raise OpError(f"no run named {run!r}; runs: {sorted(self.slots)}")
-        status = slot.state.status
-        if status == RunStatus.DELETED:
-            raise OpError(f"{run} is deleted; no op applies to it")
-        if op.verb == "stop":
-            if not status.schedulable:
-                raise OpError(f"{run} is {status.value}; only pending or running runs stop")
-            slot.state.move(RunStatus.STOPPED)
-            if slot.residency.resident and slot.trainer is not None and slot.state.chunks_done:
+        if op.verb in ("stop", "resume", "delete"):
+            with self.store.transaction() as st:
+                record = st.runs.get(run)
+                if record is None or run not in self.slots:
+                    raise OpError(f"no run named {run!r}; runs: {sorted(self.slots)}")
+                result = _change_status(record, op.verb)
+                self._sync(st)
+            slot = self.slots[run]
+            if op.verb == "stop" and slot.residency.resident and slot.trainer is not None \
+                    and slot.state.chunks_done and slot.local_chunks == slot.state.chunks_done:
                 slot.residency.park(self.cache, slot.trainer.optimizer)
                 if self._resident is slot:
                     self._resident = None
-            return f"stopped at step {slot.state.global_step}"
-        if op.verb == "resume":
-            if status != RunStatus.STOPPED:
-                raise OpError(f"{run} is {status.value}; only a stopped run can be resumed")
-            slot.state.resume()
-            return f"resumed at step {slot.state.global_step}"
-        if op.verb == "delete":
-            slot.state.move(RunStatus.DELETED)
-            if slot.coroutine is not None and not slot.coroutine.finished:
-                slot.coroutine.abort()
-            slot.residency.drop(self.cache)
-            if self._resident is slot:
-                self._resident = None
-            return "deleted"
+            return result
+        slot = self.slots.get(run)
+        if slot is None:
+            raise OpError(f"no run named {run!r}; runs: {sorted(self.slots)}")
+        if slot.state.status == RunStatus.DELETED:
+            raise OpError(f"{run} is deleted; no op applies to it")
         if self.clone_builder is None:
             raise OpError("this experiment cannot clone runs")
-        clone = self.clone_builder(slot, op)
+        # Under the lock: the clone's name is taken from the shared state, so two workers
+        # cloning at once never pick the same one, and the others learn how to build it.
+        with self.store.transaction() as st:
+            taken = {int(n.rsplit("-", 1)[1]) for n in st.runs if n.rsplit("-", 1)[-1].isdigit()}
+            taken |= {s.index for s in self.slots.values()}
+            name = f"run-{max(taken) + 1}"
+            clone = self.clone_builder(slot, op, name=name)
+            st.add_run(clone.name, len(clone.plan), _json_knobs(clone.knobs))
+            st.runs[clone.name].parent = clone.state.parent
+            st.runs[clone.name].warm_start = clone.state.warm_start
+            st.clones[clone.name] = {"parent": run, "op": str(op)}
+            if op.warm and clone.warm_state_tree is not None:
+                save_tree(clone.warm_state_tree,
+                          self.output_dir / ".rapidfire" / "warm" / clone.name)
+            self._sync(st)
         if self._progress is not None:
             self._progress.set_total(self.total_chunks)
         return f"created {clone.name}" + (f" warm-started from {run}" if op.warm else "")
@@ -591,6 +875,9 @@ class Engine:
         """Copies of ``slot``'s parameter values and per-parameter optimizer state, as of its
         last finished chunk (for a warm-started clone)."""
         optimizer = slot.trainer.optimizer if slot.trainer is not None else None
+        if slot.state.chunks_done > slot.local_chunks:
+            raise OpError(f"{slot.name}'s latest chunk was trained by another worker; "
+                          "warm-start it from the worker that trains it, or use `clone`")
         try:
             return slot.residency.copy_state(self.cache, optimizer)
         except LookupError as err:
@@ -606,6 +893,15 @@ class Engine:
         """Make ``name``'s weights the live ones in its model (after training, for the best
         run: ``trainer.model``, ``save_model()``, ``evaluate()``)."""
         slot = self.slots[name]
+        if slot.weights_on_disk:
+            # Trained to the end elsewhere: its final weights are on disk.
+            slot.needs_load = True
+            self._switch_in(slot)
+            slot.trainer._load_from_checkpoint(str(slot.final_dir))
+            slot.trainer.state = slot.disk_state
+            slot.weights_on_disk = False
+            slot.local_chunks = slot.state.chunks_done
+            return
         self._switch_in(slot)
 
     def _abort_suspended(self) -> None:
@@ -615,4 +911,87 @@ class Engine:
                 slot.coroutine.abort()
 
     def failures(self) -> dict[str, str]:
-        return {s.name: s.error for s in self.slots.values() if s.error is not None}
+        return {s.name: s.error or s.state.error or "failed" for s in self.slots.values()
+                if s.state.status == RunStatus.FAILED}
+
+
+def _change_status(record: RunState, verb: str) -> str:
+    status = record.status
+    if status == RunStatus.DELETED:
+        raise OpError(f"{record.name} is deleted; no op applies to it")
+    if verb == "stop":
+        if not status.schedulable:
+            raise OpError(f"{record.name} is {status.value}; only pending or running runs stop")
+        record.move(RunStatus.STOPPED)
+        return f"stopped at step {record.global_step}"
+    if verb == "resume":
+        if status != RunStatus.STOPPED:
+            raise OpError(f"{record.name} is {status.value}; only a stopped run can be resumed")
+        record.resume()
+        return f"resumed at step {record.global_step}"
+    record.move(RunStatus.DELETED)
+    return "deleted"
+
+
+def _json_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
+    # The shared state is JSON: a LoRA config or a function is kept as its description.
+    return {k: v if isinstance(v, (str, int, float, bool, type(None))) else describe_value(v)
+            for k, v in knobs.items()}
+
+
+def _load_trainer_state(path: Path) -> Any:
+    from transformers import TrainerState
+
+    return TrainerState.load_from_json(str(path))
+
+
+def _points_of(log_history: list[dict[str, Any]]) -> list[tuple[str, float, int, int]]:
+    now = int(time.time() * 1000)
+    return [
+        (key, float(value), int(entry.get("step", 0)), now)
+        for entry in log_history for key, value in entry.items()
+        if key not in ("step",) and isinstance(value, (int, float)) and not isinstance(value, bool)
+    ]
+
+
+class _LeaseKeeper:
+    """Renews this worker's claim while a chunk trains (a thread: the chunk holds the main
+    one). On this machine a dead worker is noticed by its pid; the lease is what tells workers
+    on other machines."""
+
+    def __init__(self, engine: Engine, run: str) -> None:
+        self._engine, self._run = engine, run
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rapidfire-lease", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        engine = self._engine
+        while not self._stop.wait(engine.lease_seconds / 4):
+            try:
+                with engine.store.transaction() as st:
+                    renew(st, self._run, engine.worker.id, now=time.time(),
+                          lease_seconds=engine.lease_seconds)
+            except Exception:  # noqa: BLE001 - the next renewal retries
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _install_sigint(engine: Engine) -> Any:
+    """First Ctrl-C: finish the chunk in progress, then stop. Second: stop now."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        if engine.interrupted:
+            raise KeyboardInterrupt
+        engine.interrupted = True
+        print(  # noqa: T201 - the person pressing Ctrl-C needs to know what happens
+            "\ntrl-rapidfire: stopping at the next chunk boundary (Ctrl-C again to stop now; "
+            "finished chunks are kept either way, re-run the script to continue)",
+            flush=True,
+        )
+
+    return signal.signal(signal.SIGINT, handler)

@@ -52,6 +52,11 @@ class Residency:
     # Where each parked tensor came from, to send it back to the same device.
     _param_devices: list[torch.device] = field(default_factory=list)
     _state_devices: list[dict[str, torch.device]] = field(default_factory=list)
+    # What each parameter looks like when live (to give it room again after a drop).
+    _layout: list[tuple[torch.Size, torch.dtype]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._layout = [(p.shape, p.dtype) for p in self.params]
 
     def _optimizer_states(self, optimizer: Any) -> list[dict[str, Any] | None]:
         """The optimizer's per-parameter state dicts, in parameter order (``None``: none)."""
@@ -140,6 +145,16 @@ class Residency:
         starting weights while another run's weights were parked out of the same model."""
         for p, v in zip(self.params, values):
             p.data = v.to(p.device, copy=True)
+        self.resident = True
+
+    def materialize(self, cache: StateCache) -> None:
+        """Give the parameters their live shapes again, values undefined, and forget any
+        parked state: the run is about to load its state from a checkpoint."""
+        if self.key in cache:
+            cache.delete(self.key)
+        for p, (shape, dtype) in zip(self.params, self._layout):
+            if p.shape != shape:  # a placeholder keeps the device the values were on
+                p.data = torch.empty(shape, dtype=dtype, device=p.device)
         self.resident = True
 
     def drop(self, cache: StateCache) -> None:

@@ -41,19 +41,24 @@ class RunView(NamedTuple):
         return Fraction(self.chunks_done, max(self.chunks_total, 1))
 
 
-def pick_next(runs: Iterable[RunView | tuple], resident: str | None = None) -> str | None:
+def pick_next(
+    runs: Iterable[RunView | tuple], resident: str | None = None,
+    local: frozenset[str] = frozenset(),
+) -> str | None:
     """The name of the run to train next, or ``None`` when no run can be scheduled.
 
     Args:
         runs: every run of the experiment, as :class:`RunView` or plain
             ``(name, index, status, chunks_done, chunks_total)`` tuples.
         resident: the run whose state is on the device now, if any.
+        local: runs whose live state is on this worker (with several workers: the others
+            would have to restore theirs from disk). Preferred after ``resident``.
     """
     # One pass, tuples unpacked, progress compared by integer cross-multiplication: exact like
     # Fractions and cheap enough for a decision over 1,000 runs well under a millisecond.
     best = None
     best_done = best_total = 0
-    best_key: tuple[bool, int] = (True, 0)
+    best_key: tuple[bool, bool, int] = (True, True, 0)
     for name, index, status, done, total in runs:
         if status not in SCHEDULABLE or done >= total:
             continue
@@ -62,10 +67,10 @@ def pick_next(runs: Iterable[RunView | tuple], resident: str | None = None) -> s
             lhs, rhs = done * best_total, best_done * total
             if lhs > rhs:
                 continue
-            key = (name != resident, index)
+            key = (name != resident, name not in local, index)
             if lhs == rhs and key >= best_key:
                 continue
         else:
-            key = (name != resident, index)
+            key = (name != resident, name not in local, index)
         best, best_done, best_total, best_key = name, done, total, key
     return best

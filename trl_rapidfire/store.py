@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from filelock import FileLock
 
 from .runs import RunState, RunStatus
 from .scheduler import pick_next
+from .workers import process_alive
 
 __all__ = [
     "Claim",
@@ -34,7 +35,9 @@ __all__ = [
     "FileStore",
     "StoreError",
     "claim_next",
+    "fail_claimed",
     "finish_chunk",
+    "release",
     "renew",
 ]
 
@@ -65,7 +68,11 @@ class ExperimentState:
         chunks_total: run name -> chunks in its plan.
         order: run names in declaration order (the scheduler's last tie-break).
         claims: run name -> the claim on it, if a worker is training it.
-        last_run: worker -> the run it trained last (affinity: its state is resident there).
+        owner: run name -> the worker that trained its last chunk (affinity: the run's live
+            state is on that worker; anywhere else it is restored from its checkpoint).
+        last_run: worker -> the run it trained last (its state is on the device there).
+        clones: run name -> how a clone was made (``{"parent": ..., "op": ...}``), so that
+            every worker, and a re-run, can build it again.
     """
 
     fingerprint: str
@@ -73,7 +80,9 @@ class ExperimentState:
     chunks_total: dict[str, int] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     claims: dict[str, Claim] = field(default_factory=dict)
+    owner: dict[str, str] = field(default_factory=dict)
     last_run: dict[str, str] = field(default_factory=dict)
+    clones: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def add_run(self, name: str, chunks_total: int, knobs: dict[str, Any] | None = None) -> None:
         if name in self.runs:
@@ -88,7 +97,7 @@ class ExperimentState:
             "runs": {n: r.to_json() for n, r in self.runs.items()},
             "chunks_total": self.chunks_total, "order": self.order,
             "claims": {n: asdict(c) for n, c in self.claims.items()},
-            "last_run": self.last_run,
+            "owner": self.owner, "last_run": self.last_run, "clones": self.clones,
         }
 
     @classmethod
@@ -102,28 +111,36 @@ class ExperimentState:
             chunks_total={n: int(v) for n, v in doc["chunks_total"].items()},
             order=list(doc["order"]),
             claims={n: Claim(**c) for n, c in doc["claims"].items()},
-            last_run=dict(doc["last_run"]),
+            owner=dict(doc.get("owner", {})),
+            last_run=dict(doc.get("last_run", {})),
+            clones={n: dict(c) for n, c in doc.get("clones", {}).items()},
         )
+
+    def live_claims(self) -> bool:
+        """Whether some worker is training a chunk now (a run may still come back)."""
+        return bool(self.claims)
 
 
 def claim_next(
-    state: ExperimentState, worker: str, *, now: float, lease_seconds: float
+    state: ExperimentState, worker: str, *, now: float, lease_seconds: float,
+    alive: Callable[[str], bool | None] = process_alive,
 ) -> tuple[str, int] | None:
     """Claim the next (run, chunk) for ``worker`` under the scheduler's rule, or ``None``.
 
-    Runs claimed by another worker with a live lease are skipped; an expired lease is taken
-    over (that worker died mid-chunk: the run restarts its chunk from its last boundary). The
-    run this worker trained last wins ties (its state is resident here).
+    Runs claimed by another worker are skipped while that worker lives: a claim is dropped
+    when its lease expired or ``alive(worker)`` says the worker is gone (a worker on this
+    machine that died, e.g. killed with the whole experiment); the run then restarts its chunk
+    from its last boundary. Among equally advanced runs, those this worker trained last win
+    (their state is live here).
     """
-    for name, claim in list(state.claims.items()):
-        if claim.lease_until <= now:
-            del state.claims[name]
+    expire(state, now=now, alive=alive)
     runs, totals, claims = state.runs, state.chunks_total, state.claims
     views = (
         (n, i, runs[n].status, runs[n].chunks_done, totals[n])
         for i, n in enumerate(state.order) if n not in claims
     )
-    name = pick_next(views, resident=state.last_run.get(worker))
+    mine = frozenset(n for n, w in state.owner.items() if w == worker)
+    name = pick_next(views, resident=state.last_run.get(worker), local=mine)
     if name is None:
         return None
     run = state.runs[name]
@@ -132,6 +149,17 @@ def claim_next(
     state.claims[name] = Claim(worker, run.chunks_done, now + lease_seconds)
     state.last_run[worker] = name
     return name, run.chunks_done
+
+
+def expire(state: ExperimentState, *, now: float,
+           alive: Callable[[str], bool | None] = process_alive) -> list[str]:
+    """Drop the claims of workers that are gone or whose lease ran out; returns their runs."""
+    dropped = []
+    for name, claim in list(state.claims.items()):
+        if claim.lease_until <= now or alive(claim.worker) is False:
+            del state.claims[name]
+            dropped.append(name)
+    return dropped
 
 
 def renew(state: ExperimentState, run: str, worker: str, *, now: float,
@@ -144,8 +172,12 @@ def renew(state: ExperimentState, run: str, worker: str, *, now: float,
     return True
 
 
-def finish_chunk(state: ExperimentState, run: str, worker: str, chunk: int) -> bool:
+def finish_chunk(state: ExperimentState, run: str, worker: str, chunk: int, *,
+                 global_step: int | None = None, complete: bool = False) -> bool:
     """Record that ``worker`` finished ``chunk`` of ``run`` and release the claim.
+
+    ``complete``: the run's ``train()`` ended with this chunk (also when a callback ended it
+    before its plan did).
 
     Returns ``False`` (and changes nothing) if the claim was lost meanwhile (lease expired and
     taken over): that chunk's work must be discarded, another worker is redoing it.
@@ -155,13 +187,37 @@ def finish_chunk(state: ExperimentState, run: str, worker: str, chunk: int) -> b
         return False
     del state.claims[run]
     record = state.runs[run]
-    record.chunks_done = chunk + 1
+    record.chunks_done = state.chunks_total[run] if complete else chunk + 1
+    if global_step is not None:
+        record.global_step = global_step
+    state.owner[run] = worker
     if record.chunks_done >= state.chunks_total[run]:
         if record.status == RunStatus.STOPPED:
             # Stopped while its last chunk was being trained: nothing is left to resume.
             record.move(RunStatus.RUNNING)
         if record.status == RunStatus.RUNNING:
             record.move(RunStatus.COMPLETED)
+    return True
+
+
+def fail_claimed(state: ExperimentState, run: str, worker: str, error: str) -> bool:
+    """The run failed in ``worker``'s hands: release the claim and mark it failed."""
+    claim = state.claims.get(run)
+    if claim is None or claim.worker != worker:
+        return False
+    del state.claims[run]
+    record = state.runs[run]
+    if record.status != RunStatus.DELETED:
+        record.fail(error)
+    return True
+
+
+def release(state: ExperimentState, run: str, worker: str) -> bool:
+    """Give a claim back unfinished (the worker is leaving); the chunk will be trained again."""
+    claim = state.claims.get(run)
+    if claim is None or claim.worker != worker:
+        return False
+    del state.claims[run]
     return True
 
 

@@ -124,18 +124,27 @@ class Tracker:
             or os.environ.get("MLFLOW_EXPERIMENT_NAME")
             or Path(output_dir).resolve().name
         )
-        self.rf_experiment = experiment_id_for(output_dir)
+        # Workers of one experiment set up at the same time: one at a time finds or creates
+        # the experiment and its runs, so none is created twice.
+        from filelock import FileLock
+
+        (Path(output_dir) / ".rapidfire").mkdir(parents=True, exist_ok=True)
+        self._setup_lock = FileLock(str(Path(output_dir) / ".rapidfire" / "tracking.lock"),
+                                    is_singleton=True)
+        with self._setup_lock:
+            self.rf_experiment = experiment_id_for(output_dir)
         self.poll_interval = poll_interval
         self.write_interval = write_interval
         self._pending_points: dict[str, list[tuple[str, float, int, int]]] = {}
         self._pending_tags: dict[str, dict[str, str]] = {}
         _ensure_schema(self.uri)
         self.client = MlflowClient(self.uri)
-        exp = self.client.get_experiment_by_name(self.experiment_name)
-        self.experiment_id = (
-            exp.experiment_id if exp is not None
-            else self.client.create_experiment(self.experiment_name)
-        )
+        with self._setup_lock:
+            exp = self.client.get_experiment_by_name(self.experiment_name)
+            self.experiment_id = (
+                exp.experiment_id if exp is not None
+                else self.client.create_experiment(self.experiment_name)
+            )
         self._runs: dict[str, _RunHandle] = {}
         self._ops: dict[str, str] = {}
         self._consumed: dict[str, str] = {}
@@ -149,7 +158,8 @@ class Tracker:
         # the GIL, so the thread waits for the next chunk, when torch kernels release the GIL.
         self.active = threading.Event()
         self.active.set()
-        self.parent_run_id = self._find_or_create("", role="experiment")
+        with self._setup_lock:
+            self.parent_run_id = self._find_or_create("", role="experiment")
         self._thread = threading.Thread(target=self._loop, name="rapidfire-tracking",
                                         daemon=True)
         self._thread.start()
@@ -184,7 +194,8 @@ class Tracker:
         """
         from mlflow.entities import Param
 
-        run_id = self._find_or_create(name, role="run", tags=tags)
+        with self._setup_lock:
+            run_id = self._find_or_create(name, role="run", tags=tags)
         run = self.client.get_run(run_id)
         have = run.data.params
         new = [Param(k[:250], _param_value(v)) for k, v in params.items() if k[:250] not in have]

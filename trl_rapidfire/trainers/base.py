@@ -28,9 +28,10 @@ from transformers.integrations import MLflowCallback
 from transformers.trainer_utils import TrainOutput
 
 from ..accelerate_state import preserved_accelerate_state
-from ..cache import StateCache
+from ..cache import StateCache, load_tree
 from ..configs import RFConfigError, RFConfigMixin
 from ..control import Op, OpError, OpRecord, resolve_overrides
+from ..durable import write_atomically
 from ..engine import Engine, RunFailure
 from ..knobs import KnobError, describe_value, is_knob
 from ..models import ModelPool, adapter_name, adapter_params
@@ -38,6 +39,7 @@ from ..preflight import PreflightError, check_run
 from ..results import RunResult, pick_best
 from ..schedule import ChunkRecord
 from ..search import GridSearch, RunSpec, Search
+from ..store import FileStore, StoreError
 
 __all__ = ["RFTrainerMixin", "RunTrainerMixin"]
 
@@ -99,6 +101,47 @@ class RunTrainerMixin:
             super()._save(output_dir, state_dict)
         finally:
             del model.save_pretrained
+
+    def _rf_save_boundary(self, target: Path, rng: Any = None) -> Path:
+        """Write this run's checkpoint at a chunk boundary to ``target``, atomically.
+
+        The layout is the Trainer's own (``train(resume_from_checkpoint=target)`` reads it),
+        written by the Trainer's own pieces, without what ``_save_checkpoint`` adds around them
+        (rotating the user's checkpoints, pushing to the Hub, best-model bookkeeping).
+
+        ``rng``: the random streams to record, when they are not the current ones (a boundary
+        at an epoch end must record them as they were before the next epoch shuffled its data,
+        which is where the Trainer puts them back on resume).
+        """
+        from transformers.trainer import TRAINER_STATE_NAME
+        from transformers.trainer_callback import ExportableState
+
+        from ..switch import RngState
+
+        def write(folder: Path) -> None:
+            self.store_flos()
+            self.save_model(str(folder), _internal_call=True)
+            self._save_optimizer_and_scheduler(str(folder))
+            self._save_scaler(str(folder))
+            if rng is None:
+                self._save_rng_state(str(folder))
+            else:
+                now = RngState.capture()
+                rng.restore()
+                try:
+                    self._save_rng_state(str(folder))
+                finally:
+                    now.restore()
+            state = copy.deepcopy(self.state)
+            exported: dict[str, list[Any]] = {}
+            for cb in self.callback_handler.callbacks + [self.control]:
+                if isinstance(cb, ExportableState):
+                    exported.setdefault(cb.__class__.__name__, []).append(cb.state())
+            for name, states in exported.items():
+                state.stateful_callbacks[name] = states if len(states) > 1 else states[0]
+            state.save_to_json(str(folder / TRAINER_STATE_NAME))
+
+        return write_atomically(target, write)
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
         # The Trainer's estimate (6 x input tokens x non-embedding parameters), counting this
@@ -205,9 +248,17 @@ class RFTrainerMixin:
             getattr(args, "cache_budget_bytes", 4 * 2**30), out / ".rapidfire" / "cache"
         )
         self._rf_pool = ModelPool()
+        # Opening the shared state checks the runs against an experiment already in this
+        # output_dir (a re-run continues it; other configs are refused) before any model loads.
+        try:
+            store = FileStore(out / ".rapidfire", _fingerprint(specs, shared_args))
+        except StoreError as err:
+            raise RFConfigError(str(err)) from None
         self._rf_engine = Engine(
-            out, self._rf_cache, progress=not args.disable_tqdm, pool=self._rf_pool
+            out, self._rf_cache, progress=not args.disable_tqdm, pool=self._rf_pool,
+            store=store,
         )
+        self._rf_engine.rebuild = self._rf_rebuild
         self._rf_best: str | None = None
         self._rf_shared = shared_args
         self._rf_knob_args = knob_args
@@ -307,14 +358,7 @@ class RFTrainerMixin:
                 group.initial_weights = [p.detach().to("cpu", copy=True) for p in params]
             resident = len(group.runs) == 1
 
-        # The trainer moves the model to the device: make room for it there first.
-        self._rf_pool.make_room(group, config.device)
-        trainer_kwargs = {k: v for k, v in shared.items() if k != "quantization_config"}
-        trainer_kwargs.update(kw)
-        trainer_kwargs["callbacks"] = _copy_callbacks(shared.get("callbacks"))
-        trainer = self._run_trainer_class(
-            model=group.model, args=config, rf_adapter=adapter, **trainer_kwargs
-        )
+        trainer = self._rf_build_trainer(spec, group, adapter)
         slot = self._rf_engine.add_run(
             name=spec.name,
             index=spec.index,
@@ -337,7 +381,29 @@ class RFTrainerMixin:
             tracker.ensure_run(spec.name, params, {"rapidfire.status": "pending", **(tags or {})})
         return slot
 
-    def _rf_clone(self, parent: Any, op: Op) -> Any:
+    def _rf_build_trainer(self, spec: RunSpec, group: Any, adapter: str | None) -> Any:
+        kw = dict(spec.trainer_kwargs)
+        for key in ("model", "peft_config"):
+            kw.pop(key, None)
+        if kw.get("processing_class") is None:
+            kw["processing_class"] = group.processing_class
+        shared = self._rf_shared
+        # The trainer moves the model to the device: make room for it there first.
+        self._rf_pool.make_room(group, spec.config.device)
+        trainer_kwargs = {k: v for k, v in shared.items() if k != "quantization_config"}
+        trainer_kwargs.update(kw)
+        trainer_kwargs["callbacks"] = _copy_callbacks(shared.get("callbacks"))
+        return self._run_trainer_class(
+            model=group.model, args=spec.config, rf_adapter=adapter, **trainer_kwargs
+        )
+
+    def _rf_rebuild(self, slot: Any) -> Any:
+        """A fresh trainer for a run that continues from its checkpoint (it was trained by
+        another worker, or by the process before a crash), on the same model and adapter."""
+        return self._rf_build_trainer(self._rf_specs[slot.name], slot.group, slot.adapter)
+
+    def _rf_clone(self, parent: Any, op: Op, *, name: str | None = None,
+                  warm_from: Path | None = None) -> Any:
         """Build the run an op ``clone``/``clone-warm`` asks for (between two chunks)."""
         spec = self._rf_specs.get(parent.name)
         if spec is None:
@@ -352,9 +418,10 @@ class RFTrainerMixin:
         knobs = {**parent.knobs, **overrides}
         trainer_kwargs = {**spec.trainer_kwargs,
                           **{k: v for k, v in overrides.items() if k in spec.trainer_kwargs}}
-        index = max(s.index for s in self._rf_engine.slots.values()) + 1
-        name = f"run-{index}"
-        if op.warm:
+        if name is None:
+            name = f"run-{max(s.index for s in self._rf_engine.slots.values()) + 1}"
+        index = int(name.rsplit("-", 1)[1])
+        if op.warm and warm_from is None:
             if parent.state.chunks_done == 0:
                 raise OpError(f"{parent.name} has not finished a chunk yet: nothing to warm-start "
                               "from; use `clone`, or wait for its first chunk")
@@ -380,7 +447,7 @@ class RFTrainerMixin:
         slot.state.parent = parent.name
         slot.state.warm_start = op.warm
         if op.warm:
-            self._rf_warm_start(slot, parent)
+            self._rf_warm_start(slot, parent, warm_from)
         return slot
 
     def _rf_undo_run(self, name: str) -> None:
@@ -396,8 +463,13 @@ class RFTrainerMixin:
                 group.model.delete_adapter(adapter)
                 group._tuner_layers = group._aux_modules = None
 
-    def _rf_warm_start(self, slot: Any, parent: Any) -> None:
-        values, states = self._rf_engine.parent_state(parent)
+    def _rf_warm_start(self, slot: Any, parent: Any, warm_from: Path | None = None) -> None:
+        if warm_from is not None:  # made by another worker, or before a re-run
+            tree = load_tree(warm_from)
+            values, states = list(tree["params"]), list(tree["optimizer"])
+        else:
+            values, states = self._rf_engine.parent_state(parent)
+            slot.warm_state_tree = {"params": values, "optimizer": states}
         params = slot.residency.params
         shapes = [tuple(p.shape) for p in params]
         if shapes != [tuple(v.shape) for v in values]:
@@ -456,16 +528,21 @@ class RFTrainerMixin:
         to train: completed, failed, deleted or stopped. Stopped runs stay resumable: resume
         them (an op, or :meth:`resume`) and call ``train()`` again to continue.
         """
-        if resume_from_checkpoint not in (None, False):
+        if resume_from_checkpoint not in (None, False, True):
             raise ValueError(
-                "resume_from_checkpoint is not supported by RF trainers yet: re-running the "
-                "experiment script will continue from the last chunk boundary once crash "
-                "recovery lands (see docs/roadmap.md)."
+                "RF trainers resume a whole experiment, not one checkpoint: pass "
+                "resume_from_checkpoint=True (or nothing: re-running the script on the same "
+                "output_dir always continues from each run's last chunk boundary)."
             )
         if trial is not None:
             raise ValueError("RF trainers run their own search; `trial` is not supported.")
         engine = self._rf_engine
         engine.run()
+        if engine.interrupted:
+            raise KeyboardInterrupt(
+                "trl-rapidfire stopped at a chunk boundary; run the same script again to "
+                "continue where it stopped."
+            )
         failures = engine.failures()
         best = self.best_run
         if best is None:
@@ -597,6 +674,35 @@ def _check_group_agrees(group: Any, run: str, config: Any) -> None:
                 "shared model or tokenizer, so runs of one model must agree: make it a single "
                 "value, or give these runs different models."
             )
+
+
+# Config fields that name places or secrets, not training: they may differ between two
+# launches of the same experiment.
+_NOT_FINGERPRINTED = frozenset({"output_dir", "logging_dir", "hub_token", "run_name",
+                                "push_to_hub_token", "hub_model_id", "report_to",
+                                "disable_tqdm", "dataloader_num_workers"})
+
+
+def _fingerprint(specs: Sequence[RunSpec], shared: dict[str, Any]) -> str:
+    """Identifies the expanded runs: their names, knobs and concrete configs, and the data.
+
+    A re-run on the same ``output_dir`` must expand to the same runs to continue them."""
+    import hashlib
+
+    def describe(value: Any) -> Any:
+        return describe_value(value) if not isinstance(value, (str, int, float, bool)) else value
+
+    doc = []
+    for spec in specs:
+        config = {k: v for k, v in spec.config.to_dict().items() if k not in _NOT_FINGERPRINTED}
+        doc.append([spec.name, {k: describe(v) for k, v in sorted(spec.knobs.items())},
+                    config])
+    for key in ("train_dataset", "eval_dataset"):
+        data = shared.get(key)
+        doc.append([key, getattr(data, "_fingerprint", None) or (
+            len(data) if hasattr(data, "__len__") else type(data).__name__)])
+    text = json.dumps(doc, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _tracks_to_mlflow(args: Any) -> bool:

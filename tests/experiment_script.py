@@ -1,0 +1,77 @@
+"""An experiment script as a user writes it, for the multi-process tests (workers, crashes).
+
+    python tests/experiment_script.py OUTPUT_DIR
+    accelerate launch --multi_gpu --num_processes 2 ... tests/experiment_script.py OUTPUT_DIR
+
+4 LoRA configs x 3 chunks on the tiny offline model. ``use_cpu=True`` and
+``ddp_backend="gloo"`` are the settings under which transformers does detect a launch on CPU
+(so without trl-rapidfire's workers every trainer would be wrapped in DDP).
+
+``RF_TEST_KILL=<run>:<step>`` kills the whole experiment (its process group, like a
+``kill -9`` of the launcher) when that run begins that optimizer step: mid-chunk, never at a
+boundary. ``RF_TEST_ROWS`` sets the dataset size (longer chunks for timing).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import torch
+from transformers import TrainerCallback
+
+from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
+from trl_rapidfire.testing import (
+    cpu_training_kwargs,
+    make_sft_dataset,
+    tiny_lora_config,
+    tiny_model_path,
+)
+
+
+class KillAt(TrainerCallback):
+    """SIGKILL the experiment's process group when the run reaches ``step`` (mid-chunk)."""
+
+    def __init__(self, run: str, step: int) -> None:
+        self.run, self.step = run, step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if args.output_dir.endswith(self.run) and state.global_step == self.step:
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def main(output_dir: str) -> None:
+    torch.set_num_threads(1)
+    rows = int(os.environ.get("RF_TEST_ROWS", "96"))
+    kwargs = dict(cpu_training_kwargs(), use_cpu=True, ddp_backend="gloo")
+    kwargs["report_to"] = os.environ.get("RF_TEST_REPORT_TO", "none")
+    config = RFSFTConfig(
+        output_dir=output_dir,
+        learning_rate=List([1e-3, 3e-3]),
+        lr_scheduler_type=List(["linear", "cosine"]),
+        warmup_steps=2,
+        per_device_train_batch_size=4,
+        num_train_epochs=1,
+        num_chunks=3,
+        logging_steps=1,
+        seed=7,
+        **kwargs,
+    )
+    callbacks = []
+    kill = os.environ.get("RF_TEST_KILL")
+    if kill:
+        run, step = kill.split(":")
+        callbacks.append(KillAt(run, int(step)))
+    trainer = RFSFTTrainer(
+        model=tiny_model_path(),
+        args=config,
+        train_dataset=make_sft_dataset(rows, seed=3),
+        peft_config=tiny_lora_config(r=8, lora_dropout=0.1),
+        callbacks=callbacks,
+    )
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,126 @@
+"""Re-running an experiment continues it: Ctrl-C at a boundary, stopped runs stay stopped,
+completed runs are not retrained, and every run ends bitwise equal to an uninterrupted one.
+
+In one process: each "session" is a new RFSFTTrainer on the same output_dir, as a re-run of
+the script builds one. The multi-process and kill -9 cases are in test_workers_and_crashes.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from trl_rapidfire import List, RFConfigError, RFSFTConfig, RFSFTTrainer
+from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.schedule import read_schedule_csv
+from trl_rapidfire.testing import (
+    cpu_training_kwargs,
+    make_sft_dataset,
+    tiny_lora_config,
+    tiny_model_path,
+)
+
+BASE = dict(cpu_training_kwargs(), per_device_train_batch_size=4, logging_steps=1,
+            num_chunks=3, warmup_steps=2, seed=5)
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+class _CtrlC(TrainerCallback):
+    """Presses Ctrl-C (SIGINT to this process) when the run with ``lr`` begins ``step``."""
+
+    def __init__(self, lr: float, step: int) -> None:
+        self.lr, self.step = lr, step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if args.learning_rate == self.lr and state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def _session(out, callbacks=None, **overrides):
+    return RFSFTTrainer(
+        model=tiny_model_path(),
+        args=RFSFTConfig(output_dir=str(out), learning_rate=List([1e-3, 3e-3]),
+                         **{**BASE, **overrides}),
+        train_dataset=make_sft_dataset(48, seed=2),
+        peft_config=tiny_lora_config(r=4, lora_dropout=0.1),
+        callbacks=callbacks,
+    )
+
+
+def _adapter(out, run):
+    return load_file(out / "runs" / run / "final" / "adapter_model.safetensors")
+
+
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_ctrl_c_stop_and_resume_across_sessions_end_bitwise_equal(tmp_path):
+    ref = _session(tmp_path / "ref")
+    ref.train()
+
+    out = tmp_path / "exp"
+    # 3 epochs of 12 steps, 3 chunks each: 9 chunks of 4 steps per run.
+    # Session 1: Ctrl-C in the middle of run-0's third chunk (steps 8-12): it stops at the
+    # end of the first epoch, so session 2 continues it across an epoch boundary from disk.
+    first = _session(out, callbacks=[_CtrlC(1e-3, 10)])
+    with pytest.raises(KeyboardInterrupt, match="chunk boundary"):
+        first.train()
+    done = {(r.run, r.number) for r in read_schedule_csv(out / "schedule.csv")}
+    assert ("run-0", 2) in done, "the chunk in progress finishes before stopping"
+    assert len(done) < 18
+    assert (out / ".rapidfire" / "checkpoints" / "run-0" / "checkpoint-12").is_dir()
+
+    # Session 2: a re-run; run-1 is stopped before anything trains, run-0 finishes.
+    second = _session(out)
+    second.stop("run-1")
+    second.train()
+    status = {r.name: r.status for r in second.runs}
+    assert status == {"run-0": RunStatus.COMPLETED, "run-1": RunStatus.STOPPED}
+    stopped_at = {r.name: r.global_step for r in second.runs}["run-1"]
+    assert 0 < stopped_at < 36
+
+    # Session 3: stopped stays stopped, completed is not retrained...
+    third = _session(out)
+    rows_before = read_schedule_csv(out / "schedule.csv")
+    third.train()
+    assert read_schedule_csv(out / "schedule.csv") == rows_before
+    assert {r.name: r.status for r in third.runs} == status
+    # ...and a resumed run continues from its checkpoint.
+    third.resume("run-1")
+    third.train()
+    assert [r.status for r in third.runs] == [RunStatus.COMPLETED] * 2
+    assert [r.global_step for r in third.runs] == [36, 36]
+    counts = Counter((r.run, r.number) for r in read_schedule_csv(out / "schedule.csv"))
+    assert counts == {(run, n): 1 for run in ("run-0", "run-1") for n in range(9)}
+
+    for run in ("run-0", "run-1"):
+        _assert_same(_adapter(tmp_path / "ref", run), _adapter(out, run))
+    # The best run's weights are live in the trainer even if this session did not train it.
+    third.save_model(str(tmp_path / "best"))
+    _assert_same(load_file(tmp_path / "best" / "adapter_model.safetensors"),
+                 _adapter(out, third.best_run.name))
+    # And the logs: every step logged once, as in the reference.
+    losses = [(e["step"], e["loss"]) for e in third.run_trainer("run-1").state.log_history
+              if "loss" in e]
+    ref_losses = [(e["step"], e["loss"]) for e in ref.run_trainer("run-1").state.log_history
+                  if "loss" in e]
+    assert losses == ref_losses
+
+
+def test_rerun_with_other_configs_is_a_clear_error(tmp_path):
+    _session(tmp_path / "exp", max_steps=2).train()
+    with pytest.raises(RFConfigError, match="other runs.*another output_dir"):
+        _session(tmp_path / "exp", max_steps=3)

@@ -1,0 +1,171 @@
+"""Many workers and crash safety, end to end, in real processes.
+
+Every experiment here is ``tests/experiment_script.py`` (4 LoRA configs x 3 chunks) run as a
+user runs it: ``python script.py`` or ``accelerate launch --multi_gpu --num_processes 2``.
+All processes use one thread (``OMP_NUM_THREADS=1``): bitwise equality holds at a fixed
+thread count. The reference is the same script run once, uninterrupted, by one process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trl_rapidfire.schedule import read_schedule_csv
+from trl_rapidfire.testing import tiny_model_path
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).with_name("experiment_script.py")
+RUNS = [f"run-{i}" for i in range(4)]
+CHUNKS = 3
+ACCELERATE = [
+    sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+]
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}", **extra)
+    env.pop("TRL_RAPIDFIRE_WORKER", None)
+    return env
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: Path, *, expect_kill: bool = False,
+         timeout: float = 600) -> subprocess.CompletedProcess:
+    # A session of its own: a kill of the experiment's process group kills only it.
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, start_new_session=True)
+    if expect_kill:
+        assert proc.returncode != 0, "the experiment was meant to be killed"
+    else:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def _script(out: Path, workers: int) -> list[str]:
+    prefix = ACCELERATE if workers == 2 else [sys.executable]
+    return [*prefix, str(SCRIPT), str(out)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The experiment run once by one process, never interrupted."""
+    tiny_model_path()  # built once, before processes race to build it
+    tmp = tmp_path_factory.mktemp("reference")
+    _run(_script(tmp / "exp", 1), _env(tmp, RF_TEST_REPORT_TO="mlflow"), tmp)
+    return tmp / "exp"
+
+
+def _assert_same_adapters(a: Path, b: Path) -> None:
+    for run in RUNS:
+        wa = load_file(a / "runs" / run / "final" / "adapter_model.safetensors")
+        wb = load_file(b / "runs" / run / "final" / "adapter_model.safetensors")
+        assert wa.keys() == wb.keys()
+        for key in wa:
+            assert torch.equal(wa[key], wb[key]), f"{run}: {key} differs"
+
+
+def _assert_each_chunk_once(out: Path) -> list:
+    rows = read_schedule_csv(out / "schedule.csv")
+    counts = Counter((r.run, r.number) for r in rows)
+    assert set(counts) == {(run, n) for run in RUNS for n in range(CHUNKS)}
+    assert all(c == 1 for c in counts.values()), counts
+    return rows
+
+
+def _loss_history(tmp: Path, exp: str) -> dict[str, list[tuple[int, float]]]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(exp)
+    out = {}
+    for run in client.search_runs([experiment.experiment_id]):
+        name = run.data.tags.get("rapidfire.run")
+        if name:
+            history = client.get_metric_history(run.info.run_id, "loss")
+            out[name] = sorted((m.step, m.value) for m in history)
+    return out
+
+
+def test_two_workers_under_accelerate_launch_equal_one_process_bitwise(reference, tmp_path):
+    out = tmp_path / "exp"
+    _run(_script(out, 2), _env(tmp_path), tmp_path)
+    rows = _assert_each_chunk_once(out)
+    assert {r.worker for r in rows} == {0, 1}, "both workers must train"
+    _assert_same_adapters(reference, out)
+    # Task parallel: the two workers' chunks overlap in time.
+    spans = {w: (min(r.start_time for r in rows if r.worker == w),
+                 max(r.end_time for r in rows if r.worker == w)) for w in (0, 1)}
+    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_kill_9_mid_chunk_then_rerun_finishes_bitwise_with_one_point_per_step(
+    reference, tmp_path, workers
+):
+    out = tmp_path / "exp"
+    env = _env(tmp_path, RF_TEST_REPORT_TO="mlflow")
+    # run-1's second chunk covers steps 8-16: step 12 is mid-chunk.
+    _run(_script(out, workers), {**env, "RF_TEST_KILL": "run-1:12"}, tmp_path,
+         expect_kill=True)
+    before = read_schedule_csv(out / "schedule.csv")
+    assert ("run-1", 1) not in {(r.run, r.number) for r in before}
+    assert len(before) < len(RUNS) * CHUNKS
+
+    _run(_script(out, workers), env, tmp_path)
+    _assert_each_chunk_once(out)
+    _assert_same_adapters(reference, out)
+    # MLflow: exactly one loss point per step, equal to the uninterrupted run's.
+    ref_tmp = reference.parent
+    assert _loss_history(tmp_path, "exp") == _loss_history(ref_tmp, "exp")
+
+
+def test_a_worker_that_dies_is_replaced_by_the_others(reference, tmp_path):
+    # Two plain processes on one output_dir are two workers of one experiment. One is
+    # killed mid-chunk; the survivor notices (its pid is gone), redoes that chunk from the
+    # run's last boundary and finishes every run.
+    out = tmp_path / "exp"
+    env = _env(tmp_path, RF_TEST_ROWS="96")
+    doomed = subprocess.Popen(_script(out, 1), env={**env, "RF_TEST_KILL": "run-1:12"},
+                              cwd=tmp_path, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(2.0)  # let it claim first
+    survivor = subprocess.Popen(_script(out, 1), env=env, cwd=tmp_path,
+                                start_new_session=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    try:
+        doomed.wait(timeout=600)
+        output, _ = survivor.communicate(timeout=600)
+    finally:
+        for proc in (doomed, survivor):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert doomed.returncode == -signal.SIGKILL
+    assert survivor.returncode == 0, output[-5000:]
+    _assert_each_chunk_once(out)
+    _assert_same_adapters(reference, out)
+
+
+def test_rerun_with_other_configs_is_refused_before_training(reference, tmp_path):
+    out = tmp_path / "exp"
+    shutil.copytree(reference, out)
+    env = _env(tmp_path, RF_TEST_ROWS="64")  # other data: another experiment
+    proc = subprocess.run(_script(out, 1), env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "belongs to an experiment with other runs" in proc.stderr
+    assert read_schedule_csv(out / "schedule.csv") == read_schedule_csv(
+        reference / "schedule.csv")

@@ -1,0 +1,96 @@
+"""Where each run's last chunk boundary lives on disk, written so a crash never leaves half of it.
+
+At every chunk boundary a run writes an ordinary Hugging Face checkpoint (adapter or model
+weights, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``, ``trainer_state.json``) into
+``<output_dir>/.rapidfire/checkpoints/<run>/checkpoint-<step>``. The Trainer writes a checkpoint
+folder in place, file by file; a process killed half-way would leave a folder that looks like a
+checkpoint and is not one. So the folder is written under a temporary name and renamed when
+complete: a ``checkpoint-<step>`` folder exists only if every file in it was written. Older
+boundaries of the run are removed once the new one is in place.
+
+Resuming is the Trainer's own ``train(resume_from_checkpoint=...)``: weights, optimizer, LR
+schedule, RNG streams, the data position and the log history all come back as the Trainer
+itself restores them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from .cache import _fsync_dir, _fsync_file
+
+__all__ = ["checkpoint_at", "latest_checkpoint", "prune_checkpoints", "write_atomically"]
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def write_atomically(target: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Let ``write`` fill a temporary folder beside ``target``, then rename it to ``target``.
+
+    A ``target`` left by an earlier attempt is replaced. Returns ``target``.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write(tmp)
+        _fsync_tree(tmp)
+        if target.exists():
+            old = target.with_name(f".old-{target.name}-{os.getpid()}")
+            os.replace(target, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _fsync_tree(folder: Path) -> None:
+    # The rename is what makes the folder visible; its files must be on disk before it, or a
+    # power cut could leave a complete-looking folder of empty files.
+    for path in folder.rglob("*"):
+        if path.is_file():
+            _fsync_file(path)
+
+
+def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = _CHECKPOINT.match(path.name)
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
+    """The complete checkpoint with the highest step in ``folder``, or ``None``."""
+    found = _checkpoints(Path(folder))
+    return found[-1][1] if found else None
+
+
+def checkpoint_at(folder: str | os.PathLike, step: int) -> Path | None:
+    """The complete checkpoint of ``step`` in ``folder``, or ``None``."""
+    path = Path(folder) / f"checkpoint-{step}"
+    return path if path.is_dir() else None
+
+
+def prune_checkpoints(folder: str | os.PathLike, keep: Path) -> None:
+    """Remove every checkpoint in ``folder`` but ``keep`` (and leftovers of failed writes)."""
+    folder = Path(folder)
+    for _, path in _checkpoints(folder):
+        if path != keep:
+            shutil.rmtree(path, ignore_errors=True)
+    for path in folder.glob(".tmp-checkpoint-*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid != str(os.getpid()):
+            shutil.rmtree(path, ignore_errors=True)

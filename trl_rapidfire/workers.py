@@ -1,0 +1,142 @@
+"""This process's place among the experiment's workers, and leaving the launcher's world.
+
+Under ``accelerate launch --num_processes N`` or ``torchrun``, every process runs the same
+script. trl-rapidfire makes each one a *worker* that trains whole runs on its own device
+(task parallelism): runs are not copied N ways. transformers would otherwise see the launch
+(``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the environment) and wrap every trainer in DDP,
+average gradients across workers and shard the data; GRPO would also size its generation
+batch by the world size.
+
+:func:`detach_from_launch` is called once per process, before the first ``TrainingArguments``
+is built (from the RF config's ``__post_init__``): it records the launch in
+``TRL_RAPIDFIRE_WORKER`` and removes the launcher's variables, so every trainer of this
+process sees a world of one; on CUDA it pins the process to its own GPU. The record lives in
+the environment (not a module global) so it survives re-imports and is what child processes
+would see too.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+__all__ = ["WorkerInfo", "current_worker", "detach_from_launch", "process_alive"]
+
+_RECORD = "TRL_RAPIDFIRE_WORKER"
+# What torchrun / accelerate launch set for a distributed process; transformers and accelerate
+# decide on DDP from them.
+_LAUNCH_VARS = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Who this worker is.
+
+    Attributes:
+        rank: its index among the launched processes (0 when not launched).
+        local_rank: its index on this machine (its GPU).
+        world_size: how many workers were launched (1 when not launched).
+        token: unique to this process (a re-used pid is not the same worker).
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    token: str = ""
+
+    @property
+    def id(self) -> str:
+        """``host:pid:token``: how the shared scheduler state names this worker."""
+        return f"{socket.gethostname()}:{os.getpid()}:{self.token}"
+
+    @property
+    def launched(self) -> bool:
+        return self.world_size > 1
+
+
+def _from_record(text: str) -> WorkerInfo:
+    rank, local_rank, world, pid, token = text.split(",")
+    if int(pid) != os.getpid():  # inherited by a child process: not this worker's record
+        raise ValueError
+    return WorkerInfo(int(rank), int(local_rank), int(world), token)
+
+
+def current_worker() -> WorkerInfo:
+    """This process's worker record (made by :func:`detach_from_launch` if it has not run)."""
+    return detach_from_launch()
+
+
+def detach_from_launch() -> WorkerInfo:
+    """Record the launch this process belongs to and leave it: afterwards every trainer built
+    here is a world of one. Idempotent: later calls return the record."""
+    text = os.environ.get(_RECORD)
+    if text:
+        try:
+            return _from_record(text)
+        except ValueError:
+            pass  # inherited from a parent process: this one records its own
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    rank = int(os.environ.get("RANK", "0") or 0)
+    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)) or 0)
+    info = WorkerInfo(rank, local_rank, world, uuid.uuid4().hex[:8])
+    if world > 1:
+        for name in _LAUNCH_VARS:
+            os.environ.pop(name, None)
+        _pin_device(local_rank)
+        _forget_distributed_accelerate_state()
+    os.environ[_RECORD] = f"{rank},{local_rank},{world},{os.getpid()},{info.token}"
+    return info
+
+
+def _pin_device(local_rank: int) -> None:
+    # Each worker owns one GPU. Before CUDA is initialised, narrowing CUDA_VISIBLE_DEVICES makes
+    # "cuda" mean that GPU for everything in the process; afterwards only set_device can.
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    if not torch.cuda.is_initialized():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        devices = (visible.split(",") if visible
+                   else [str(i) for i in range(torch.cuda.device_count())])
+        if local_rank < len(devices):
+            os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank]
+            return
+    torch.cuda.set_device(local_rank % max(torch.cuda.device_count(), 1))
+
+
+def _forget_distributed_accelerate_state() -> None:
+    # A script that built an Accelerator before its RF config already holds a distributed
+    # PartialState; trainers built from it would still use DDP.
+    from accelerate.state import AcceleratorState, PartialState
+
+    if PartialState._shared_state and PartialState().num_processes > 1:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def process_alive(worker_id: str) -> bool | None:
+    """Whether the worker named ``worker_id`` (``host:pid:token``) is alive: ``None`` when it
+    ran on another machine (only its lease can tell)."""
+    try:
+        host, pid, token = worker_id.rsplit(":", 2)
+        pid_n = int(pid)
+    except ValueError:
+        return None
+    if host != socket.gethostname():
+        return None
+    if pid_n == os.getpid():
+        return token == current_worker().token
+    try:
+        os.kill(pid_n, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
