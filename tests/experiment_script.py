@@ -10,6 +10,7 @@
 ``RF_TEST_KILL=<run>:<step>`` kills the whole experiment (its process group, like a
 ``kill -9`` of the launcher) when that run begins that optimizer step: mid-chunk, never at a
 boundary. ``RF_TEST_ROWS`` sets the dataset size (longer chunks for timing).
+``RF_TEST_STOP=<run>`` stops that run from the script before training.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def main(output_dir: str) -> None:
         peft_config=tiny_lora_config(r=8, lora_dropout=0.1),
         callbacks=callbacks,
     )
+    stop = os.environ.get("RF_TEST_STOP")
+    if stop:
+        trainer.stop(stop)  # every worker runs this line; the op must apply once
     trainer.train()
 
 

@@ -104,6 +104,7 @@ def test_two_workers_under_accelerate_launch_equal_one_process_bitwise(reference
     out = tmp_path / "exp"
     _run(_script(out, 2), _env(tmp_path), tmp_path)
     rows = _assert_each_chunk_once(out)
+    assert not (out / "ops.csv").exists()
     assert {r.worker for r in rows} == {0, 1}, "both workers must train"
     _assert_same_adapters(reference, out)
     # Task parallel: the two workers' chunks overlap in time.
@@ -131,6 +132,18 @@ def test_kill_9_mid_chunk_then_rerun_finishes_bitwise_with_one_point_per_step(
     # MLflow: exactly one loss point per step, equal to the uninterrupted run's.
     ref_tmp = reference.parent
     assert _loss_history(tmp_path, "exp") == _loss_history(ref_tmp, "exp")
+
+
+def test_an_op_from_the_script_applies_once_with_two_workers(tmp_path):
+    out = tmp_path / "exp"
+    _run(_script(out, 2), _env(tmp_path, RF_TEST_STOP="run-2"), tmp_path)
+    ops = (out / "ops.csv").read_text().strip().splitlines()
+    assert len(ops) == 2 and ",stop," in ops[1] and "ok: stopped" in ops[1], ops
+    rows = read_schedule_csv(out / "schedule.csv")
+    # Ops the script queues before train() apply before any worker trains.
+    assert {r.run for r in rows} == {"run-0", "run-1", "run-3"}
+    assert len(rows) == 3 * CHUNKS and {r.worker for r in rows} == {0, 1}
+    assert not (out / "runs" / "run-2" / "final").exists()
 
 
 def test_a_worker_that_dies_is_replaced_by_the_others(reference, tmp_path):

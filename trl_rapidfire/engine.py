@@ -554,6 +554,13 @@ class Engine:
                     break
             else:
                 info = None
+            if info is None and self.worker.launched and st.ready != self.worker.launch:
+                # The first worker has not applied the script's own ops yet (e.g. a stop
+                # before train()): nothing trains before it has.
+                if self.worker.rank == 0:
+                    st.ready = self.worker.launch
+                else:
+                    return None
             if info is None:
                 claimed = claim_next(st, self.worker.id, now=time.time(),
                                      lease_seconds=self.lease_seconds)
@@ -802,12 +809,15 @@ class Engine:
     def apply_ops(self) -> list[OpRecord]:
         """Apply every pending op (tags polled by the tracker, queued Python ops).
 
-        Ops set as MLflow tags are read by the first worker only, so each is applied once;
-        what it changes reaches the other workers through the shared state.
+        Under a launch every worker runs the same script, so an op the script queues is
+        queued by each, and every worker sees the same tags: the first worker alone applies
+        ops, once, and what they change reaches the others through the shared state.
         """
         pending = list(self._queued_ops)
         self._queued_ops.clear()
-        if self.tracker is not None and self.worker.rank == 0:
+        if self.worker.rank != 0:
+            return []
+        if self.tracker is not None:
             pending += [("tag", run, text) for run, text in self.tracker.pending_ops().items()]
         records = []
         for source, run, text in pending:

@@ -71,6 +71,8 @@ class ExperimentState:
         owner: run name -> the worker that trained its last chunk (affinity: the run's live
             state is on that worker; anywhere else it is restored from its checkpoint).
         last_run: worker -> the run it trained last (its state is on the device there).
+        ready: the launch whose first worker has set the experiment up (applied the ops its
+            script queued before training); the other workers of a launch wait for it.
         clones: run name -> how a clone was made (``{"parent": ..., "op": ...}``), so that
             every worker, and a re-run, can build it again.
     """
@@ -82,6 +84,7 @@ class ExperimentState:
     claims: dict[str, Claim] = field(default_factory=dict)
     owner: dict[str, str] = field(default_factory=dict)
     last_run: dict[str, str] = field(default_factory=dict)
+    ready: str = ""
     clones: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def add_run(self, name: str, chunks_total: int, knobs: dict[str, Any] | None = None) -> None:
@@ -98,6 +101,7 @@ class ExperimentState:
             "chunks_total": self.chunks_total, "order": self.order,
             "claims": {n: asdict(c) for n, c in self.claims.items()},
             "owner": self.owner, "last_run": self.last_run, "clones": self.clones,
+            "ready": self.ready,
         }
 
     @classmethod
@@ -113,6 +117,7 @@ class ExperimentState:
             claims={n: Claim(**c) for n, c in doc["claims"].items()},
             owner=dict(doc.get("owner", {})),
             last_run=dict(doc.get("last_run", {})),
+            ready=str(doc.get("ready", "")),
             clones={n: dict(c) for n, c in doc.get("clones", {}).items()},
         )
 

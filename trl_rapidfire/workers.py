@@ -44,12 +44,14 @@ class WorkerInfo:
         local_rank: its index on this machine (its GPU).
         world_size: how many workers were launched (1 when not launched).
         token: unique to this process (a re-used pid is not the same worker).
+        launch: identifies the launch (all its workers share it; empty when not launched).
     """
 
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
     token: str = ""
+    launch: str = ""
 
     @property
     def id(self) -> str:
@@ -62,10 +64,10 @@ class WorkerInfo:
 
 
 def _from_record(text: str) -> WorkerInfo:
-    rank, local_rank, world, pid, token = text.split(",")
+    rank, local_rank, world, pid, token, launch = text.split(",")
     if int(pid) != os.getpid():  # inherited by a child process: not this worker's record
         raise ValueError
-    return WorkerInfo(int(rank), int(local_rank), int(world), token)
+    return WorkerInfo(int(rank), int(local_rank), int(world), token, launch)
 
 
 def current_worker() -> WorkerInfo:
@@ -85,13 +87,19 @@ def detach_from_launch() -> WorkerInfo:
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     rank = int(os.environ.get("RANK", "0") or 0)
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)) or 0)
-    info = WorkerInfo(rank, local_rank, world, uuid.uuid4().hex[:8])
+    launch = ""
+    if world > 1:
+        launch = (os.environ.get("TORCHELASTIC_RUN_ID") or "") + "@" + (
+            os.environ.get("MASTER_ADDR", "") + ":" + os.environ.get("MASTER_PORT", "")
+        )
+    info = WorkerInfo(rank, local_rank, world, uuid.uuid4().hex[:8], launch.replace(",", ";"))
     if world > 1:
         for name in _LAUNCH_VARS:
             os.environ.pop(name, None)
         _pin_device(local_rank)
         _forget_distributed_accelerate_state()
-    os.environ[_RECORD] = f"{rank},{local_rank},{world},{os.getpid()},{info.token}"
+    os.environ[_RECORD] = (f"{rank},{local_rank},{world},{os.getpid()},{info.token},"
+                           f"{info.launch}")
     return info
 
 

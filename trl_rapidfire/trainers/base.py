@@ -120,7 +120,16 @@ class RunTrainerMixin:
 
         def write(folder: Path) -> None:
             self.store_flos()
-            self.save_model(str(folder), _internal_call=True)
+            model = self.model
+            if hasattr(model, "create_or_update_model_card"):
+                # PEFT renders a model card (a jinja template compiled anew each time) with
+                # every save: two thirds of a boundary checkpoint's time, and resume never
+                # reads it. The final save keeps it.
+                model.create_or_update_model_card = lambda *args, **kwargs: None
+            try:
+                self.save_model(str(folder), _internal_call=True)
+            finally:
+                model.__dict__.pop("create_or_update_model_card", None)
             self._save_optimizer_and_scheduler(str(folder))
             self._save_scaler(str(folder))
             if rng is None:
