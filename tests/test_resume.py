@@ -124,3 +124,35 @@ def test_rerun_with_other_configs_is_a_clear_error(tmp_path):
     _session(tmp_path / "exp", max_steps=2).train()
     with pytest.raises(RFConfigError, match="other runs.*another output_dir"):
         _session(tmp_path / "exp", max_steps=3)
+
+
+def test_a_warm_clone_survives_an_interrupted_session_and_ends_as_if_uninterrupted(tmp_path):
+    stop_parent = _CtrlC(1e-3, 6)  # run-0 stops after its second chunk (step 8)
+
+    def clone_then_train(trainer):
+        trainer.clone("run-0", {"learning_rate": 2e-3}, warm=True)
+        trainer.train()
+
+    # Reference: the clone made at the same point and trained to the end in one session.
+    ref = _session(tmp_path / "ref", callbacks=[stop_parent])
+    with pytest.raises(KeyboardInterrupt):
+        ref.train()
+    clone_then_train(ref)
+    assert {r.name: r.status for r in ref.runs}["run-2"] == RunStatus.COMPLETED
+
+    # The same, but the session is interrupted in the clone's second chunk...
+    out = tmp_path / "exp"
+    first = _session(out, callbacks=[stop_parent, _CtrlC(2e-3, 6)])
+    with pytest.raises(KeyboardInterrupt):
+        first.train()
+    with pytest.raises(KeyboardInterrupt):
+        clone_then_train(first)
+    assert (out / ".rapidfire" / "warm" / "run-2").is_dir()
+    # ...and a re-run builds the clone from its recipe and continues it from disk.
+    second = _session(out)
+    second.train()
+    runs = {r.name: r for r in second.runs}
+    assert runs["run-2"].status == RunStatus.COMPLETED
+    assert runs["run-2"].knobs["learning_rate"] == 2e-3
+    for run in ("run-0", "run-1", "run-2"):
+        _assert_same(_adapter(tmp_path / "ref", run), _adapter(out, run))

@@ -636,6 +636,7 @@ class Engine:
             self._attach(slot, self.rebuild(slot))
         slot.resume_from = ckpt
         slot.needs_load = True
+        slot.warm_optimizer_state = None  # a warm clone's start: its checkpoint supersedes it
         slot._yielded_at = {step}
         slot.finished = False
         slot.local_chunks = done
