@@ -156,3 +156,26 @@ def test_a_warm_clone_survives_an_interrupted_session_and_ends_as_if_uninterrupt
     assert runs["run-2"].knobs["learning_rate"] == 2e-3
     for run in ("run-0", "run-1", "run-2"):
         _assert_same(_adapter(tmp_path / "ref", run), _adapter(out, run))
+
+
+def test_a_warm_clone_of_a_run_trained_in_an_earlier_session_starts_from_its_checkpoint(
+    tmp_path,
+):
+    stop_parent = _CtrlC(1e-3, 6)
+    # Reference: the parent's state is live when the clone is made.
+    ref = _session(tmp_path / "ref", callbacks=[stop_parent])
+    with pytest.raises(KeyboardInterrupt):
+        ref.train()
+    ref.clone("run-0", {"learning_rate": 2e-3}, warm=True)
+    ref.train()
+    # Here the parent was trained by the session before: its state is read from its
+    # checkpoint (weights and Adam moments), which must give the same clone.
+    out = tmp_path / "exp"
+    with pytest.raises(KeyboardInterrupt):
+        _session(out, callbacks=[stop_parent]).train()
+    second = _session(out)
+    second.clone("run-0", {"learning_rate": 2e-3}, warm=True)
+    second.train()
+    assert "ok: created run-2 warm-started from run-0" in [o.result for o in second.op_log]
+    for run in ("run-0", "run-1", "run-2"):
+        _assert_same(_adapter(tmp_path / "ref", run), _adapter(out, run))

@@ -18,12 +18,21 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from .cache import _fsync_dir, _fsync_file
 
-__all__ = ["checkpoint_at", "latest_checkpoint", "prune_checkpoints", "write_atomically"]
+__all__ = [
+    "checkpoint_at",
+    "latest_checkpoint",
+    "prune_checkpoints",
+    "run_state_from_checkpoint",
+    "write_atomically",
+]
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -94,3 +103,54 @@ def prune_checkpoints(folder: str | os.PathLike, keep: Path) -> None:
         pid = path.name.rsplit("-", 1)[-1]
         if pid != str(os.getpid()):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def run_state_from_checkpoint(
+    checkpoint: Path,
+    named_params: Sequence[tuple[str, torch.nn.Parameter]],
+    adapter: str | None,
+    decay: Collection[str],
+) -> tuple[list[torch.Tensor], list[dict[str, Any] | None]]:
+    """A run's parameter values and per-parameter optimizer states, read from its checkpoint.
+
+    ``named_params`` are the run's own parameters as the model names them, in model order;
+    ``adapter`` its adapter name (PEFT saves adapter weights without it); ``decay`` the names
+    the Trainer puts in its weight-decay group. The Trainer numbers optimizer state in the
+    order of its groups (decay, then no decay), each in model order, over the parameters that
+    were trainable: the run's own. Raises ``LookupError`` when the files do not match.
+    """
+    from safetensors.torch import load_file
+
+    for name in ("adapter_model.safetensors", "model.safetensors"):
+        if (checkpoint / name).is_file():
+            tensors = load_file(checkpoint / name)
+            break
+    else:
+        raise LookupError(f"no weights in {checkpoint}")
+    values = []
+    for name, _ in named_params:
+        key = name.replace(f".{adapter}", "") if adapter else name
+        if key not in tensors:
+            raise LookupError(f"{key} is not in {checkpoint}")
+        values.append(tensors[key])
+    if not (checkpoint / "optimizer.pt").is_file():
+        raise LookupError(f"no optimizer state in {checkpoint}")
+    saved = torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=True)
+    numbered = [i for g in saved["param_groups"] for i in g["params"]]
+    order = [i for i, (n, _) in enumerate(named_params) if n in decay]
+    order += [i for i, (n, _) in enumerate(named_params) if n not in decay]
+    if len(numbered) != len(order):
+        raise LookupError(f"{checkpoint}: optimizer state for {len(numbered)} parameters, "
+                          f"the run has {len(order)}")
+    states: list[dict[str, Any] | None] = [None] * len(named_params)
+    for position, number in zip(order, numbered):
+        state = saved["state"].get(number)
+        if state is not None:
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != tuple(
+                    values[position].shape
+                ):
+                    raise LookupError(f"{checkpoint}: optimizer state of "
+                                      f"{named_params[position][0]} has another shape")
+            states[position] = dict(state)
+    return values, states

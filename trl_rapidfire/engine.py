@@ -48,7 +48,12 @@ from .accelerate_state import restore_accelerate_state, snapshot_accelerate_stat
 from .cache import StateCache, save_tree
 from .chunks import ChunkPlan, plan_chunks, training_steps
 from .control import Op, OpError, OpRecord, append_op_row, parse_op
-from .durable import checkpoint_at, prune_checkpoints, write_atomically
+from .durable import (
+    checkpoint_at,
+    prune_checkpoints,
+    run_state_from_checkpoint,
+    write_atomically,
+)
 from .knobs import describe_value
 from .models import ModelGroup, ModelPool
 from .progress import ExperimentProgress
@@ -887,12 +892,28 @@ class Engine:
         last finished chunk (for a warm-started clone)."""
         optimizer = slot.trainer.optimizer if slot.trainer is not None else None
         if slot.state.chunks_done > slot.local_chunks:
-            raise OpError(f"{slot.name}'s latest chunk was trained by another worker; "
-                          "warm-start it from the worker that trains it, or use `clone`")
+            # Trained by another worker or an earlier process: its state is its checkpoint.
+            return self._state_on_disk(slot)
         try:
             return slot.residency.copy_state(self.cache, optimizer)
         except LookupError as err:
             raise OpError(f"{slot.name} has no weights to start from") from err
+
+    def _state_on_disk(self, slot: RunSlot) -> tuple[list[torch.Tensor], list[Any]]:
+        ckpt = checkpoint_at(slot.checkpoints, slot.state.global_step) if slot.checkpoints \
+            else None
+        if ckpt is None:
+            raise OpError(f"{slot.name} has no checkpoint at step {slot.state.global_step} to "
+                          "warm-start from (a finished run keeps only its final weights); use "
+                          "`clone`")
+        model = slot.group.model
+        own = {id(p) for p in slot.residency.params}
+        named = [(n, p) for n, p in model.named_parameters() if id(p) in own]
+        decay = set(slot.trainer.get_decay_parameter_names(model))
+        try:
+            return run_state_from_checkpoint(ckpt, named, slot.adapter, decay)
+        except LookupError as err:
+            raise OpError(f"cannot warm-start from {slot.name}'s checkpoint: {err}") from None
 
     def load_warm_optimizer_state(self, slot: RunSlot) -> None:
         """Inside the clone's ``train()``, once its optimizer exists: give it the parent's
