@@ -8,6 +8,7 @@ the script builds one. The multi-process and kill -9 cases are in test_workers_a
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from collections import Counter
 
@@ -179,3 +180,16 @@ def test_a_warm_clone_of_a_run_trained_in_an_earlier_session_starts_from_its_che
     assert "ok: created run-2 warm-started from run-0" in [o.result for o in second.op_log]
     for run in ("run-0", "run-1", "run-2"):
         _assert_same(_adapter(tmp_path / "ref", run), _adapter(out, run))
+
+
+def test_a_run_whose_checkpoint_is_gone_fails_alone_with_the_reason(tmp_path):
+    out = tmp_path / "exp"
+    with pytest.raises(KeyboardInterrupt):
+        _session(out, callbacks=[_CtrlC(1e-3, 6)]).train()
+    shutil.rmtree(out / ".rapidfire" / "checkpoints" / "run-1")
+    second = _session(out)
+    with pytest.warns(RuntimeWarning, match="run-1 failed: .*no checkpoint at step"):
+        second.train()
+    runs = {r.name: r for r in second.runs}
+    assert runs["run-0"].status == RunStatus.COMPLETED
+    assert runs["run-1"].status == RunStatus.FAILED and "no checkpoint" in runs["run-1"].error

@@ -222,3 +222,26 @@ def test_clone_warm_of_a_full_fine_tuning_run_starts_from_its_weights(model_path
     assert set(parent) <= set(start)
     assert all(torch.equal(start[k], parent[k]) for k in parent)
     assert {r.name: r.status for r in rf.runs}["run-2"] == RunStatus.COMPLETED
+
+
+def test_points_missing_before_later_steps_are_logged_once_on_a_rerun(tmp_path):
+    # After a crash, MLflow may hold a run's later steps (logged by another worker) but not
+    # its earlier ones (lost with the killed worker's queue): a re-run's tracker must log the
+    # missing points and skip the others.
+    from mlflow import MlflowClient
+
+    from trl_rapidfire.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = Tracker(tmp_path / "exp", uri=uri, write_interval=0.05)
+    first.ensure_run("run-0", {}, {})
+    first.log_metrics("run-0", [("loss", float(s), s, 0) for s in range(9, 17)])
+    first.flush()
+    first.close()
+    second = Tracker(tmp_path / "exp", uri=uri, write_interval=0.05)
+    run_id = second.ensure_run("run-0", {}, {})
+    second.log_metrics("run-0", [("loss", float(s), s, 0) for s in range(1, 17)])
+    second.flush()
+    second.close()
+    steps = sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, "loss"))
+    assert steps == list(range(1, 17))

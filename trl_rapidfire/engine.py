@@ -625,6 +625,11 @@ class Engine:
         """The shared state is ahead of this worker's live train() of ``slot``: continue from
         the run's checkpoint at its last boundary, with a fresh trainer if this one ran."""
         done = slot.state.chunks_done
+        if done == 0:
+            # Only a claim lost in the first chunk (lease expired) leads here: the starting
+            # weights this worker had are gone, and no checkpoint exists yet.
+            raise RuntimeError(f"{slot.name} must restart from its first chunk, and its "
+                               "starting weights are no longer in this worker")
         step = slot.plan.chunks[done - 1].end_step
         ckpt = checkpoint_at(slot.checkpoints, step) if slot.checkpoints else None
         if ckpt is None:
@@ -650,7 +655,15 @@ class Engine:
         if slot.state.chunks_done > slot.local_chunks or (
             slot.state.chunks_done and slot.coroutine is None and slot.resume_from is None
         ):
-            self._continue_from_disk(slot)
+            try:
+                self._continue_from_disk(slot)
+            except Exception as exc:  # noqa: BLE001 - this run fails, the others go on
+                slot.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                slot.error_traceback = traceback.format_exc()
+                self._claimed = None
+                self._fail(slot)
+                self._report(slot)
+                return
         chunk = slot.plan.chunks[chunk_number] if chunk_number < len(slot.plan) else None
         start_step = chunk.start_step if chunk is not None else slot.state.global_step
         self._switch_in(slot)
@@ -674,15 +687,7 @@ class Engine:
         self._claimed = None
 
         if slot.error is not None:
-            with self.store.transaction() as st:
-                fail_claimed(st, slot.name, self.worker.id, slot.error)
-                self._sync(st)
-            slot.residency.drop(self.cache)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()  # after an out-of-memory error, give the rest back
-            if self._resident is slot:
-                self._resident = None
-            warnings.warn(f"{slot.name} failed: {slot.error}", RuntimeWarning, stacklevel=2)
+            self._fail(slot)
         elif end_step > start_step or slot.finished:
             record = ChunkRecord(
                 run=slot.name, epoch=chunk.epoch if chunk else 0,
@@ -713,7 +718,21 @@ class Engine:
                 self._sync(st)
         self._report(slot)
         if self._progress is not None and slot.error is None:
-            self._progress.chunk_done(self.results())
+            self._progress.chunk_done(self.results(), self._chunks_done())
+
+    def _chunks_done(self) -> int:
+        return sum(min(s.state.chunks_done, len(s.plan)) for s in self.slots.values())
+
+    def _fail(self, slot: RunSlot) -> None:
+        with self.store.transaction() as st:
+            fail_claimed(st, slot.name, self.worker.id, slot.error)
+            self._sync(st)
+        slot.residency.drop(self.cache)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # after an out-of-memory error, give the rest back
+        if self._resident is slot:
+            self._resident = None
+        warnings.warn(f"{slot.name} failed: {slot.error}", RuntimeWarning, stacklevel=3)
 
     def run(self) -> None:
         """Train every registered run to the end (or to its failure).
@@ -722,7 +741,10 @@ class Engine:
         them. The first Ctrl-C stops at the next chunk boundary (``interrupted`` is set, the
         finished chunks are on disk, a re-run continues); a second one stops at once.
         """
-        self._progress = ExperimentProgress(self.total_chunks, enabled=self._progress_enabled)
+        # Under a launch the first worker shows the experiment's progress for all of them.
+        self._progress = ExperimentProgress(
+            self.total_chunks, enabled=self._progress_enabled and self.worker.rank == 0
+        )
         # Every run's train() starts with accelerate's free_memory(), a full gc.collect() over
         # everything the process holds (~0.2 s per run with the HF stack imported). The models,
         # datasets and trainers built so far live as long as the experiment: freeze them out
@@ -730,7 +752,11 @@ class Engine:
         gc.collect()
         gc.freeze()
         if self.tracker is not None:
-            self.tracker.polling.set()
+            # Only the first worker applies ops from tags: the others need not poll them.
+            if self.worker.rank == 0:
+                self.tracker.polling.set()
+            else:
+                self.tracker.polling.clear()
         started = time.perf_counter()
         ok = False
         self.interrupted = False
@@ -738,6 +764,7 @@ class Engine:
         try:
             if not self._registered:
                 self._register()
+            self._progress.set_done(self._chunks_done())
             while not self.interrupted:
                 self.apply_ops()
                 claimed = self._claim()

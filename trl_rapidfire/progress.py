@@ -39,10 +39,17 @@ class ExperimentProgress:
         if self._bar is not None:
             self._bar.set_postfix_str(run)
 
-    def chunk_done(self, runs: Sequence[RunResult]) -> None:
+    def chunk_done(self, runs: Sequence[RunResult], done: int) -> None:
+        """A chunk ended; ``done`` chunks of the experiment are finished (by any worker, in
+        any session)."""
         if self._bar is not None:
-            self._bar.update(1)
+            self.set_done(done)
             self._bar.write(runs_table(runs))
+
+    def set_done(self, done: int) -> None:
+        if self._bar is not None:
+            self._bar.n = done
+            self._bar.refresh()
 
     def close(self) -> None:
         if self._bar is not None:

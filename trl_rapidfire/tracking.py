@@ -93,7 +93,9 @@ def _param_value(value: Any) -> str:
 @dataclass
 class _RunHandle:
     run_id: str
-    last_step: dict[str, int]  # metric key -> last step already in the store
+    # metric key -> steps already in the store. A set, not the last step: after a crash, a
+    # re-run logs the points that never reached MLflow while later steps may already be there.
+    steps: dict[str, set[int]]
 
 
 class Tracker:
@@ -201,13 +203,11 @@ class Tracker:
         new = [Param(k[:250], _param_value(v)) for k, v in params.items() if k[:250] not in have]
         for i in range(0, len(new), 100):
             self.client.log_batch(run_id, params=new[i:i + 100])
-        last = {}
-        for key in run.data.metrics:
-            history = self.client.get_metric_history(run_id, key)
-            last[key] = max((m.step for m in history), default=-1)
+        steps = {key: {m.step for m in self.client.get_metric_history(run_id, key)}
+                 for key in run.data.metrics}
         self.client.set_tag(run_id, STATUS_TAG, tags.get(STATUS_TAG, "pending"))
         with self._lock:
-            self._runs[name] = _RunHandle(run_id, last)
+            self._runs[name] = _RunHandle(run_id, steps)
         return run_id
 
     def run_id(self, name: str) -> str:
@@ -233,9 +233,10 @@ class Tracker:
         handle = self._runs[name]
         metrics = []
         for key, value, step, ts in points:
-            if step <= handle.last_step.get(key, -1) or not math.isfinite(value):
+            seen = handle.steps.setdefault(key, set())
+            if step in seen or not math.isfinite(value):
                 continue
-            handle.last_step[key] = step
+            seen.add(step)
             metrics.append(Metric(key, float(value), ts, step))
         return metrics
 

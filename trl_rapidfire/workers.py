@@ -89,9 +89,10 @@ def detach_from_launch() -> WorkerInfo:
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)) or 0)
     launch = ""
     if world > 1:
-        launch = (os.environ.get("TORCHELASTIC_RUN_ID") or "") + "@" + (
-            os.environ.get("MASTER_ADDR", "") + ":" + os.environ.get("MASTER_PORT", "")
-        )
+        # The launcher (torchrun's agent, accelerate's) is every worker's parent: its pid
+        # tells this launch from the next one on the same folder (a re-run after a crash).
+        launch = (f"{socket.gethostname()}:{os.getppid()}:"
+                  f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}")
     info = WorkerInfo(rank, local_rank, world, uuid.uuid4().hex[:8], launch.replace(",", ";"))
     if world > 1:
         for name in _LAUNCH_VARS:
