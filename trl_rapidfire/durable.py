@@ -93,11 +93,12 @@ def checkpoint_at(folder: str | os.PathLike, step: int) -> Path | None:
     return path if path.is_dir() else None
 
 
-def prune_checkpoints(folder: str | os.PathLike, keep: Path) -> None:
-    """Remove every checkpoint in ``folder`` but ``keep`` (and leftovers of failed writes)."""
+def prune_checkpoints(folder: str | os.PathLike, keep: Collection[Path]) -> None:
+    """Remove every checkpoint in ``folder`` but those in ``keep`` (and leftovers of failed
+    writes)."""
     folder = Path(folder)
     for _, path in _checkpoints(folder):
-        if path != keep:
+        if path not in keep:
             shutil.rmtree(path, ignore_errors=True)
     for path in folder.glob(".tmp-checkpoint-*"):
         pid = path.name.rsplit("-", 1)[-1]

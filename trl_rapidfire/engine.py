@@ -293,6 +293,7 @@ class Engine:
         self._progress: ExperimentProgress | None = None
         self._resident: RunSlot | None = None
         self._claimed: tuple[str, int] | None = None
+        self._pending_finish: tuple[RunSlot, ChunkRecord] | None = None
         self._registered = False
 
     @property
@@ -426,8 +427,8 @@ class Engine:
         slot._resumed_at = time.perf_counter()
 
     def save_boundary(self, slot: RunSlot) -> None:
-        """Inside the run's turn, at a chunk boundary: write its checkpoint (atomically) and
-        remove the previous one. The chunk counts as done only after this."""
+        """Inside the run's turn, at a chunk boundary: write its checkpoint (atomically).
+        The chunk counts as done only after this."""
         if not self.durable or slot.checkpoints is None:
             return
         step = int(slot.trainer.state.global_step)
@@ -437,7 +438,11 @@ class Engine:
         slot._epoch_end_rng = None
         target = slot.checkpoints / f"checkpoint-{step}"
         slot.trainer._rf_save_boundary(target, rng)
-        prune_checkpoints(slot.checkpoints, keep=target)
+        # The checkpoint of the last boundary the shared state has recorded stays until this
+        # one is recorded too (a crash in between resumes from it); older ones go now, while
+        # the run still has its turn.
+        prune_checkpoints(slot.checkpoints, keep=(target, slot.checkpoints /
+                                                  f"checkpoint-{slot.state.global_step}"))
 
     def _write_final(self, slot: RunSlot) -> None:
         trainer = slot.trainer
@@ -552,7 +557,10 @@ class Engine:
     def _claim(self) -> tuple[RunSlot, int] | None | bool:
         """Claim the next (run, chunk): the slot and chunk, ``None`` to wait (others are
         training runs that may come back), ``False`` when nothing is left."""
-        with self.store.transaction() as st:
+        finished = None
+        with self.store.transaction(durable=self._pending_finish is not None) as st:
+            if self._pending_finish is not None:
+                finished = self._record_finish(st)
             for name in st.runs:
                 if name not in self.slots and name in st.clones:
                     info = dict(st.clones[name])
@@ -565,12 +573,16 @@ class Engine:
                 if self.worker.rank == 0:
                     st.ready = self.worker.launch
                 else:
-                    return None
+                    info = False
             if info is None:
                 claimed = claim_next(st, self.worker.id, now=time.time(),
                                      lease_seconds=self.lease_seconds)
                 waiting = st.live_claims()
-                self._sync(st)
+            self._sync(st)
+        if finished is not None:
+            self._after_turn(finished)
+        if info is False:
+            return None
         if info is not None:  # a clone made by another worker: build it here too
             self._build_clone_from_store(name, info)
             return None
@@ -689,36 +701,52 @@ class Engine:
         if slot.error is not None:
             self._fail(slot)
         elif end_step > start_step or slot.finished:
-            record = ChunkRecord(
+            # Recorded in the same transaction as the next claim (one lock and write per
+            # chunk, not two); the checkpoint is already on disk.
+            self._pending_finish = (slot, ChunkRecord(
                 run=slot.name, epoch=chunk.epoch if chunk else 0,
                 chunk=chunk.index if chunk else 0, number=chunk_number,
                 worker=self.worker.rank, start_time=t0, end_time=t1,
                 start_step=start_step, end_step=end_step,
-            )
-            with self.store.transaction() as st:
-                st.chunks_total[slot.name] = len(slot.plan)
-                ok = finish_chunk(st, slot.name, self.worker.id, chunk_number,
-                                  global_step=end_step, complete=slot.finished)
-                if ok:
-                    append_schedule_row(record, self.schedule_path)
-                self._sync(st)
-            if ok:
-                self.schedule.append(record)
-                slot.local_chunks = slot.state.chunks_done
-            else:
-                warnings.warn(f"{slot.name}: this worker lost its claim on chunk "
-                              f"{chunk_number} (lease expired); another worker redoes it.",
-                              RuntimeWarning, stacklevel=2)
-                slot.local_chunks = -1
-            if slot.state.status == RunStatus.COMPLETED and slot.checkpoints is not None:
-                shutil.rmtree(slot.checkpoints, ignore_errors=True)
+            ))
+            return
         else:
             with self.store.transaction() as st:
                 release(st, slot.name, self.worker.id)
                 self._sync(st)
+        self._after_turn(slot)
+
+    def _record_finish(self, st: Any) -> RunSlot:
+        """Inside a transaction: record the chunk the last turn trained."""
+        slot, record = self._pending_finish
+        self._pending_finish = None
+        st.chunks_total[slot.name] = len(slot.plan)
+        ok = finish_chunk(st, slot.name, self.worker.id, record.number,
+                          global_step=record.end_step, complete=slot.finished)
+        if ok:
+            append_schedule_row(record, self.schedule_path)
+            self.schedule.append(record)
+            slot.local_chunks = st.runs[slot.name].chunks_done
+        else:
+            warnings.warn(f"{slot.name}: this worker lost its claim on chunk {record.number} "
+                          "(lease expired); another worker redoes it.", RuntimeWarning,
+                          stacklevel=3)
+            slot.local_chunks = -1
+        return slot
+
+    def _after_turn(self, slot: RunSlot) -> None:
+        if slot.state.status == RunStatus.COMPLETED and slot.checkpoints is not None:
+            shutil.rmtree(slot.checkpoints, ignore_errors=True)
         self._report(slot)
-        if self._progress is not None and slot.error is None:
+        if self._progress is not None and self._progress.showing and slot.error is None:
             self._progress.chunk_done(self.results(), self._chunks_done())
+
+    def _flush_finish(self) -> None:
+        if self._pending_finish is not None:
+            with self.store.transaction() as st:
+                slot = self._record_finish(st)
+                self._sync(st)
+            self._after_turn(slot)
 
     def _chunks_done(self) -> int:
         return sum(min(s.state.chunks_done, len(s.plan)) for s in self.slots.values())
@@ -778,6 +806,7 @@ class Engine:
         finally:
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
+            self._flush_finish()  # a finished chunk is never lost, whatever stopped the loop
             if self._claimed is not None:
                 with self.store.transaction() as st:
                     release(st, self._claimed[0], self.worker.id)
@@ -1028,7 +1057,7 @@ class _LeaseKeeper:
         engine = self._engine
         while not self._stop.wait(engine.lease_seconds / 4):
             try:
-                with engine.store.transaction() as st:
+                with engine.store.transaction(durable=False) as st:
                     renew(st, self._run, engine.worker.id, now=time.time(),
                           lease_seconds=engine.lease_seconds)
             except Exception:  # noqa: BLE001 - the next renewal retries

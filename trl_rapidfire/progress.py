@@ -30,6 +30,11 @@ class ExperimentProgress:
 
             self._bar = tqdm(total=total_chunks, desc="chunks", unit="chunk", dynamic_ncols=True)
 
+    @property
+    def showing(self) -> bool:
+        """Whether anything is shown (callers skip building what would not be)."""
+        return self._bar is not None
+
     def set_total(self, total_chunks: int) -> None:
         if self._bar is not None:
             self._bar.total = total_chunks
