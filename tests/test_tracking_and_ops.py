@@ -186,7 +186,7 @@ def test_warm_clone_mid_flight_copies_the_adapter_at_the_boundary(model_path, tm
     _Snapshot.seen.clear()
     rf = _trainer(model_path, tmp_path / "exp", save_strategy="chunk", callbacks=[_Snapshot()])
     engine = rf.engine
-    original = engine.apply_ops
+    original = engine._ops_pending  # asked at every chunk boundary
     state = {"queued": False}
 
     def queue_after_first_chunk_of_run_0():
@@ -195,7 +195,7 @@ def test_warm_clone_mid_flight_copies_the_adapter_at_the_boundary(model_path, tm
             state["queued"] = True
         return original()
 
-    engine.apply_ops = queue_after_first_chunk_of_run_0
+    engine._ops_pending = queue_after_first_chunk_of_run_0
     rf.train()
     start = _Snapshot.seen[str(tmp_path / "exp" / "runs" / "run-2")]
     ckpt = _adapter(tmp_path / "exp/runs/run-0/checkpoint-2")

@@ -31,10 +31,36 @@ __all__ = [
     "latest_checkpoint",
     "prune_checkpoints",
     "run_state_from_checkpoint",
+    "commit_folder",
+    "start_folder",
     "write_atomically",
 ]
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def start_folder(target: str | os.PathLike) -> Path:
+    """A fresh temporary folder beside ``target`` to write it in (see :func:`commit_folder`)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def commit_folder(tmp: Path, target: str | os.PathLike) -> Path:
+    """Make the folder written in ``tmp`` appear as ``target``, whole (replacing one left by an
+    earlier attempt). Returns ``target``."""
+    target = Path(target)
+    _fsync_tree(tmp)
+    if target.exists():
+        old = target.with_name(f".old-{target.name}-{os.getpid()}")
+        os.replace(target, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, target)
+    _fsync_dir(target.parent)
+    return target
 
 
 def write_atomically(target: str | os.PathLike, write: Callable[[Path], None]) -> Path:
@@ -42,24 +68,13 @@ def write_atomically(target: str | os.PathLike, write: Callable[[Path], None]) -
 
     A ``target`` left by an earlier attempt is replaced. Returns ``target``.
     """
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = start_folder(target)
     try:
         write(tmp)
-        _fsync_tree(tmp)
-        if target.exists():
-            old = target.with_name(f".old-{target.name}-{os.getpid()}")
-            os.replace(target, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        return commit_folder(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
 
 
 def _fsync_tree(folder: Path) -> None:

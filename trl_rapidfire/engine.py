@@ -26,6 +26,7 @@ registers it with :meth:`Engine.add_run`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import gc
 import json
@@ -61,7 +62,16 @@ from .residency import Residency
 from .results import RunResult, latest_metrics
 from .runs import RunState, RunStatus
 from .schedule import ChunkRecord, append_schedule_row, read_schedule_csv, write_schedule_csv
-from .store import FileStore, claim_next, expire, fail_claimed, finish_chunk, release, renew
+from .store import (
+    FileStore,
+    choose,
+    claim_next,
+    expire,
+    fail_claimed,
+    finish_chunk,
+    release,
+    renew,
+)
 from .switch import Aborted, RngState, RunCoroutine
 from .tracking import PROGRESS_TAG, STATUS_TAG, Tracker
 from .workers import WorkerInfo, current_worker
@@ -141,6 +151,8 @@ class RunSlot:
     # The run's trainer state as last written to disk by whoever trained it (for results).
     disk_state: Any = None
     _epoch_end_rng: tuple[int, RngState] | None = None
+    # The checkpoint write of the boundary that ended the run's current turn.
+    write: Any = None
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -293,7 +305,12 @@ class Engine:
         self._progress: ExperimentProgress | None = None
         self._resident: RunSlot | None = None
         self._claimed: tuple[str, int] | None = None
-        self._pending_finish: tuple[RunSlot, ChunkRecord] | None = None
+        # Chunks trained but not yet recorded: (run, its checkpoint write, the chunk).
+        self._pending_finishes: list[tuple[RunSlot, Any, ChunkRecord]] = []
+        # One thread writes boundary checkpoints while the next run trains.
+        self._writer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="rapidfire-checkpoint"
+        )
         self._registered = False
 
     @property
@@ -437,12 +454,18 @@ class Engine:
             rng = slot._epoch_end_rng[1]
         slot._epoch_end_rng = None
         target = slot.checkpoints / f"checkpoint-{step}"
-        slot.trainer._rf_save_boundary(target, rng)
+        finish = slot.trainer._rf_save_boundary(target, rng)
         # The checkpoint of the last boundary the shared state has recorded stays until this
-        # one is recorded too (a crash in between resumes from it); older ones go now, while
-        # the run still has its turn.
-        prune_checkpoints(slot.checkpoints, keep=(target, slot.checkpoints /
-                                                  f"checkpoint-{slot.state.global_step}"))
+        # one is recorded too (a crash in between resumes from it); older ones go.
+        keep = (target, slot.checkpoints / f"checkpoint-{slot.state.global_step}")
+        folder = slot.checkpoints
+
+        def write() -> None:
+            finish()
+            prune_checkpoints(folder, keep=keep)
+
+        # Written while the next run trains; the chunk is recorded as done only after.
+        slot.write = self._writer.submit(write)
 
     def _write_final(self, slot: RunSlot) -> None:
         trainer = slot.trainer
@@ -554,13 +577,14 @@ class Engine:
         if self._resident is slot:
             self._resident = None
 
-    def _claim(self) -> tuple[RunSlot, int] | None | bool:
+    def _claim(self) -> tuple[RunSlot, int] | None | bool | object:
         """Claim the next (run, chunk): the slot and chunk, ``None`` to wait (others are
-        training runs that may come back), ``False`` when nothing is left."""
-        finished = None
-        with self.store.transaction(durable=self._pending_finish is not None) as st:
-            if self._pending_finish is not None:
-                finished = self._record_finish(st)
+        training runs that may come back), ``False`` when nothing is left, ``_RETRY`` to claim
+        again at once."""
+        finished: list[RunSlot] = []
+        with self.store.transaction(durable=bool(self._pending_finishes)) as st:
+            if self._pending_finishes:
+                finished = self._record_finishes(st)
             for name in st.runs:
                 if name not in self.slots and name in st.clones:
                     info = dict(st.clones[name])
@@ -574,13 +598,23 @@ class Engine:
                     st.ready = self.worker.launch
                 else:
                     info = False
+            writing = {slot.name: write for slot, write, _ in self._pending_finishes}
+            if info is None and writing:
+                # A run whose checkpoint is still being written stays claimed by this worker;
+                # if it is the one to train next, wait for its write instead of moving on.
+                wait_for = choose(st, self.worker.id, finishing=writing)
+                if wait_for in writing:
+                    info = writing[wait_for]
             if info is None:
                 claimed = claim_next(st, self.worker.id, now=time.time(),
                                      lease_seconds=self.lease_seconds)
                 waiting = st.live_claims()
             self._sync(st)
-        if finished is not None:
-            self._after_turn(finished)
+        for slot in finished:
+            self._after_turn(slot)
+        if isinstance(info, concurrent.futures.Future):
+            concurrent.futures.wait([info])
+            return _RETRY
         if info is False:
             return None
         if info is not None:  # a clone made by another worker: build it here too
@@ -701,14 +735,15 @@ class Engine:
         if slot.error is not None:
             self._fail(slot)
         elif end_step > start_step or slot.finished:
-            # Recorded in the same transaction as the next claim (one lock and write per
-            # chunk, not two); the checkpoint is already on disk.
-            self._pending_finish = (slot, ChunkRecord(
+            # Recorded once its checkpoint is on disk, in the transaction of a later claim
+            # (one lock and write per chunk, not two).
+            write, slot.write = slot.write, None
+            self._pending_finishes.append((slot, write, ChunkRecord(
                 run=slot.name, epoch=chunk.epoch if chunk else 0,
                 chunk=chunk.index if chunk else 0, number=chunk_number,
                 worker=self.worker.rank, start_time=t0, end_time=t1,
                 start_step=start_step, end_step=end_step,
-            ))
+            )))
             return
         else:
             with self.store.transaction() as st:
@@ -716,37 +751,63 @@ class Engine:
                 self._sync(st)
         self._after_turn(slot)
 
-    def _record_finish(self, st: Any) -> RunSlot:
-        """Inside a transaction: record the chunk the last turn trained."""
-        slot, record = self._pending_finish
-        self._pending_finish = None
-        st.chunks_total[slot.name] = len(slot.plan)
-        ok = finish_chunk(st, slot.name, self.worker.id, record.number,
-                          global_step=record.end_step, complete=slot.finished)
-        if ok:
-            append_schedule_row(record, self.schedule_path)
-            self.schedule.append(record)
-            slot.local_chunks = st.runs[slot.name].chunks_done
-        else:
-            warnings.warn(f"{slot.name}: this worker lost its claim on chunk {record.number} "
-                          "(lease expired); another worker redoes it.", RuntimeWarning,
-                          stacklevel=3)
-            slot.local_chunks = -1
-        return slot
+    def _record_finishes(self, st: Any, *, wait: bool = False) -> list[RunSlot]:
+        """Inside a transaction: record the chunks whose checkpoints are on disk (all of them,
+        waiting for their writes, with ``wait``). A run whose write failed fails."""
+        done, left = [], []
+        for slot, write, record in self._pending_finishes:
+            if write is not None and not write.done() and not wait:
+                left.append((slot, write, record))
+                continue
+            error = write.exception() if write is not None else None
+            if error is not None:
+                slot.error = f"writing its checkpoint failed: {type(error).__name__}: {error}"
+                fail_claimed(st, slot.name, self.worker.id, slot.error)
+                done.append(slot)
+                continue
+            st.chunks_total[slot.name] = len(slot.plan)
+            ok = finish_chunk(st, slot.name, self.worker.id, record.number,
+                              global_step=record.end_step, complete=slot.finished)
+            if ok:
+                append_schedule_row(record, self.schedule_path)
+                self.schedule.append(record)
+                slot.local_chunks = st.runs[slot.name].chunks_done
+            else:
+                warnings.warn(f"{slot.name}: this worker lost its claim on chunk "
+                              f"{record.number} (lease expired); another worker redoes it.",
+                              RuntimeWarning, stacklevel=3)
+                slot.local_chunks = -1
+            done.append(slot)
+        self._pending_finishes = left
+        return done
 
     def _after_turn(self, slot: RunSlot) -> None:
+        if slot.error is not None and slot.state.status == RunStatus.FAILED:
+            slot.residency.drop(self.cache)
+            if self._resident is slot:
+                self._resident = None
+            warnings.warn(f"{slot.name} failed: {slot.error}", RuntimeWarning, stacklevel=3)
         if slot.state.status == RunStatus.COMPLETED and slot.checkpoints is not None:
             shutil.rmtree(slot.checkpoints, ignore_errors=True)
         self._report(slot)
         if self._progress is not None and self._progress.showing and slot.error is None:
             self._progress.chunk_done(self.results(), self._chunks_done())
 
-    def _flush_finish(self) -> None:
-        if self._pending_finish is not None:
+    def _flush_finishes(self) -> None:
+        if self._pending_finishes:
             with self.store.transaction() as st:
-                slot = self._record_finish(st)
+                slots = self._record_finishes(st, wait=True)
                 self._sync(st)
-            self._after_turn(slot)
+            for slot in slots:
+                self._after_turn(slot)
+
+    def _wait_for_a_write(self) -> bool:
+        """Block until the oldest pending checkpoint write ends; ``False`` if none is."""
+        for _, write, _ in self._pending_finishes:
+            if write is not None:
+                concurrent.futures.wait([write])
+                return True
+        return bool(self._pending_finishes)
 
     def _chunks_done(self) -> int:
         return sum(min(s.state.chunks_done, len(s.plan)) for s in self.slots.values())
@@ -794,19 +855,27 @@ class Engine:
                 self._register()
             self._progress.set_done(self._chunks_done())
             while not self.interrupted:
-                self.apply_ops()
+                if self._ops_pending():
+                    # Ops act on runs as of their last trained chunk: record those first.
+                    self._flush_finishes()
+                    self.apply_ops()
                 claimed = self._claim()
                 if claimed is False:
                     break
+                if claimed is _RETRY:
+                    continue
                 if claimed is None:
-                    time.sleep(self.idle_wait)
+                    # Waiting for our own checkpoint writes (their runs stay claimed until
+                    # recorded), else for other workers.
+                    if not self._wait_for_a_write():
+                        time.sleep(self.idle_wait)
                     continue
                 self._turn(*claimed)
             ok = True
         finally:
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
-            self._flush_finish()  # a finished chunk is never lost, whatever stopped the loop
+            self._flush_finishes()  # a finished chunk is never lost, whatever stopped the loop
             if self._claimed is not None:
                 with self.store.transaction() as st:
                     release(st, self._claimed[0], self.worker.id)
@@ -867,6 +936,13 @@ class Engine:
     def queue_op(self, run: str, op: str, source: str = "python") -> None:
         """Apply ``op`` to ``run`` at the next chunk boundary (or the next ``train()``)."""
         self._queued_ops.append((source, run, op))
+
+    def _ops_pending(self) -> bool:
+        if self.worker.rank != 0:
+            return False
+        return bool(self._queued_ops) or bool(
+            self.tracker is not None and self.tracker.pending_ops()
+        )
 
     def apply_ops(self) -> list[OpRecord]:
         """Apply every pending op (tags polled by the tracker, queued Python ops).
@@ -1001,6 +1077,9 @@ class Engine:
     def failures(self) -> dict[str, str]:
         return {s.name: s.error or s.state.error or "failed" for s in self.slots.values()
                 if s.state.status == RunStatus.FAILED}
+
+
+_RETRY = object()  # _claim: claim again now (a write this worker waited for has ended)
 
 
 def _change_status(record: RunState, verb: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,9 @@ __all__ = [
     "ExperimentState",
     "FileStore",
     "StoreError",
+    "choose",
     "claim_next",
+    "expire",
     "fail_claimed",
     "finish_chunk",
     "release",
@@ -139,13 +141,7 @@ def claim_next(
     (their state is live here).
     """
     expire(state, now=now, alive=alive)
-    runs, totals, claims = state.runs, state.chunks_total, state.claims
-    views = (
-        (n, i, runs[n].status, runs[n].chunks_done, totals[n])
-        for i, n in enumerate(state.order) if n not in claims
-    )
-    mine = frozenset(n for n, w in state.owner.items() if w == worker)
-    name = pick_next(views, resident=state.last_run.get(worker), local=mine)
+    name = choose(state, worker)
     if name is None:
         return None
     run = state.runs[name]
@@ -154,6 +150,23 @@ def claim_next(
     state.claims[name] = Claim(worker, run.chunks_done, now + lease_seconds)
     state.last_run[worker] = name
     return name, run.chunks_done
+
+
+def choose(state: ExperimentState, worker: str,
+           finishing: Collection[str] = frozenset()) -> str | None:
+    """The run the scheduler's rule gives ``worker`` next (nothing is claimed).
+
+    ``finishing``: runs this worker still holds while their last chunk's checkpoint is being
+    written; they count as if that chunk were recorded, so the caller can tell whether to
+    wait for one of them rather than move on to another run.
+    """
+    runs, totals, claims = state.runs, state.chunks_total, state.claims
+    views = (
+        (n, i, runs[n].status, runs[n].chunks_done + (n in finishing), totals[n])
+        for i, n in enumerate(state.order) if n not in claims or n in finishing
+    )
+    mine = frozenset(n for n, w in state.owner.items() if w == worker)
+    return pick_next(views, resident=state.last_run.get(worker), local=mine)
 
 
 def expire(state: ExperimentState, *, now: float,

@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -31,7 +32,7 @@ from ..accelerate_state import preserved_accelerate_state
 from ..cache import StateCache, load_tree
 from ..configs import RFConfigError, RFConfigMixin
 from ..control import Op, OpError, OpRecord, resolve_overrides
-from ..durable import write_atomically
+from ..durable import commit_folder, start_folder
 from ..engine import Engine, RunFailure
 from ..knobs import KnobError, describe_value, is_knob
 from ..models import ModelPool, adapter_name, adapter_params
@@ -102,43 +103,53 @@ class RunTrainerMixin:
         finally:
             del model.save_pretrained
 
-    def _rf_save_boundary(self, target: Path, rng: Any = None) -> Path:
-        """Write this run's checkpoint at a chunk boundary to ``target``, atomically.
+    def _rf_save_boundary(self, target: Path, rng: Any = None) -> Callable[[], Path]:
+        """Start this run's checkpoint at a chunk boundary; returns what finishes it.
 
         The layout is the Trainer's own (``train(resume_from_checkpoint=target)`` reads it),
-        written by the Trainer's own pieces, without what ``_save_checkpoint`` adds around them
-        (rotating the user's checkpoints, pushing to the Hub, best-model bookkeeping).
+        without what ``_save_checkpoint`` adds around it (rotating the user's checkpoints,
+        pushing to the Hub, best-model bookkeeping, the tokenizer and PEFT's model card).
+
+        Called in the run's turn: what can change later is captured now (references to the
+        adapter weights and optimizer state, which only this run's next turn changes; copies
+        of the small rest) and the random streams are written. The returned function writes
+        those and renames the folder to ``target`` (atomically); it may run on another thread
+        while other runs train, because this run's tensors do not change until its next turn,
+        which waits for it. A full fine-tuning run's weights are written now.
 
         ``rng``: the random streams to record, when they are not the current ones (a boundary
         at an epoch end must record them as they were before the next epoch shuffled its data,
         which is where the Trainer puts them back on resume).
         """
+        from safetensors.torch import save_file
         from transformers.trainer import TRAINER_STATE_NAME
         from transformers.trainer_callback import ExportableState
 
         from ..switch import RngState
 
-        def write(folder: Path) -> None:
+        tmp = start_folder(target)
+        try:
             self.store_flos()
             model = self.model
-            if hasattr(model, "create_or_update_model_card"):
-                # PEFT renders a model card (a jinja template compiled anew each time) with
-                # every save: two thirds of a boundary checkpoint's time, and resume never
-                # reads it. The final save keeps it.
-                model.create_or_update_model_card = lambda *args, **kwargs: None
-            try:
-                self.save_model(str(folder), _internal_call=True)
-            finally:
-                model.__dict__.pop("create_or_update_model_card", None)
-            self._save_optimizer_and_scheduler(str(folder))
-            self._save_scaler(str(folder))
+            adapter = self._rf_adapter
+            if adapter is None:
+                self.save_model(str(tmp), _internal_call=True)
+                weights = None
+            else:
+                from peft import get_peft_model_state_dict
+
+                weights = get_peft_model_state_dict(model, adapter_name=adapter)
+                model.peft_config[adapter].save_pretrained(str(tmp))
+            optimizer = self.optimizer.state_dict()
+            scheduler = copy.deepcopy(self.lr_scheduler.state_dict())
+            self._save_scaler(str(tmp))
             if rng is None:
-                self._save_rng_state(str(folder))
+                self._save_rng_state(str(tmp))
             else:
                 now = RngState.capture()
                 rng.restore()
                 try:
-                    self._save_rng_state(str(folder))
+                    self._save_rng_state(str(tmp))
                 finally:
                     now.restore()
             state = copy.deepcopy(self.state)
@@ -148,9 +159,25 @@ class RunTrainerMixin:
                     exported.setdefault(cb.__class__.__name__, []).append(cb.state())
             for name, states in exported.items():
                 state.stateful_callbacks[name] = states if len(states) > 1 else states[0]
-            state.save_to_json(str(folder / TRAINER_STATE_NAME))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
-        return write_atomically(target, write)
+        def finish() -> Path:
+            try:
+                if weights is not None:
+                    save_file({k: v.contiguous() for k, v in weights.items()},
+                              str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+                torch.save(optimizer, tmp / "optimizer.pt")
+                torch.save(scheduler, tmp / "scheduler.pt")
+                torch.save(self.args, tmp / "training_args.bin")
+                state.save_to_json(str(tmp / TRAINER_STATE_NAME))
+                return commit_folder(tmp, target)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+
+        return finish
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
         # The Trainer's estimate (6 x input tokens x non-embedding parameters), counting this
