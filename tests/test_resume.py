@@ -83,6 +83,8 @@ def test_ctrl_c_stop_and_resume_across_sessions_end_bitwise_equal(tmp_path):
     assert ("run-0", 2) in done, "the chunk in progress finishes before stopping"
     assert len(done) < 18
     assert (out / ".rapidfire" / "checkpoints" / "run-0" / "checkpoint-12").is_dir()
+    with open(out / "schedule.csv", "a", encoding="utf-8") as fh:
+        fh.write("run-1,0,2,2,0,1796")  # a row a crash cut short: later rows must survive it
 
     # Session 2: a re-run; run-1 is stopped before anything trains, run-0 finishes.
     second = _session(out)

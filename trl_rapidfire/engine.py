@@ -514,14 +514,14 @@ class Engine:
             expire(st, now=time.time())
             records = {n: RunState.from_json(r.to_json()) for n, r in st.runs.items()}
             clones = dict(st.clones)
+            # Rows are appended under the same lock. Rewriting what is there drops a line a
+            # crash cut short, so the next row starts on a line of its own.
+            if self.schedule_path.exists():
+                self.schedule = read_schedule_csv(self.schedule_path)
+            write_schedule_csv(self.schedule, self.schedule_path)
         for name in records:
             if name not in self.slots and name in clones:
                 self._build_clone_from_store(name, clones[name])
-        first_sight = not self.schedule_path.exists()
-        if first_sight:
-            write_schedule_csv([], self.schedule_path)
-        else:
-            self.schedule = read_schedule_csv(self.schedule_path)
         for name, record in records.items():
             if name in self.slots:
                 self._adopt(self.slots[name], record)
