@@ -1,0 +1,271 @@
+"""Automatic control: policies that watch the runs at chunk boundaries and issue control ops.
+
+A policy is asked at every chunk end (of any run) what should happen, and answers with
+:class:`Decision`s: stop a run, fail it (its metric is NaN), or clone one with overrides (warm
+or cold). "Continue" is the absence of a decision. These are the ops a person can issue (see
+:mod:`trl_rapidfire.control`), so every automatic decision lands in the op log and on the run's
+tags with its reason, and a person's op on the same run at the same boundary wins.
+
+Policies are *stateless*: every decision is a function of the runs' histories (their logged
+metrics and chunk boundaries), which survive a crash in the runs' checkpoints. A re-run, or
+another worker, asks the same question and gets the same answer; nothing of a policy needs
+saving. The model is Optuna's pruners and Ray Tune's trial schedulers (``on_result ->
+CONTINUE | PAUSE | STOP``), asked at chunk granularity.
+
+Built in: :class:`SuccessiveHalving` (asynchronous successive halving, ASHA) and
+:class:`Budget`; combine several by passing a list (:class:`Policies`).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .runs import RunStatus
+
+__all__ = [
+    "Budget",
+    "Context",
+    "Decision",
+    "Policies",
+    "Policy",
+    "RunHistory",
+    "SuccessiveHalving",
+    "metric_at",
+]
+
+
+@dataclass(frozen=True)
+class RunHistory:
+    """What a policy knows of one run.
+
+    Attributes:
+        name: the run's name.
+        status: its status now.
+        chunks_done: chunks trained so far.
+        chunks_total: chunks in its plan.
+        chunk_ends: the global step at the end of each chunk of its plan, in order.
+        log: the run's logged entries (``trainer.state.log_history``: dicts with ``step``).
+        knobs: its knob values.
+        parent: the run it was cloned from, if any.
+    """
+
+    name: str
+    status: RunStatus
+    chunks_done: int
+    chunks_total: int
+    chunk_ends: tuple[int, ...]
+    log: tuple[Mapping[str, Any], ...] = ()
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+    parent: str | None = None
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a policy sees at a chunk end.
+
+    Attributes:
+        runs: every run of the experiment by name (clones included, as they appear).
+        wall_seconds: time the experiment has trained so far, over all its sessions.
+    """
+
+    runs: Mapping[str, RunHistory]
+    wall_seconds: float = 0.0
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps trained so far, summed over every run."""
+        return sum(
+            h.chunk_ends[h.chunks_done - 1] if 0 < h.chunks_done <= len(h.chunk_ends) else 0
+            for h in self.runs.values()
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One automatic control op.
+
+    Attributes:
+        run: the run it applies to (for ``clone``: the parent).
+        action: ``stop`` (resumable), ``fail`` (with the reason), or ``clone``.
+        reason: why, as it should read in the op log (``by <policy>`` is added).
+        overrides: for ``clone``, the knob overrides.
+        warm: for ``clone``, start from the parent's weights.
+    """
+
+    run: str
+    action: Literal["stop", "fail", "clone"]
+    reason: str
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    warm: bool = False
+
+
+class Policy(ABC):
+    """Asked at every chunk end; returns the decisions to carry out (none: all continue)."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    @abstractmethod
+    def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
+        """``run`` has just finished a chunk; ``context`` shows every run as of now."""
+
+
+class Policies(Policy):
+    """Several policies asked in order; each run gets at most one decision (the first)."""
+
+    def __init__(self, policies: Iterable[Policy]) -> None:
+        self.policies = list(policies)
+        for p in self.policies:
+            if not isinstance(p, Policy):
+                raise TypeError(f"{p!r} is not a Policy (SuccessiveHalving, Budget, ...)")
+
+    def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
+        decided: dict[str, Decision] = {}
+        out = []
+        for policy in self.policies:
+            for d in policy.on_chunk_end(run, context):
+                if d.action == "clone" or d.run not in decided:
+                    decided.setdefault(d.run, d)
+                    out.append(d)
+        return out
+
+
+def metric_at(history: RunHistory, metric: str, chunks: int) -> float | None:
+    """The last value of ``metric`` (or ``eval_<metric>``) the run logged by the end of its
+    chunk number ``chunks`` (1-based); ``None`` if it logged none by then. NaN is returned
+    as NaN: the caller decides what it means."""
+    if chunks <= 0 or chunks > len(history.chunk_ends):
+        return None
+    end = history.chunk_ends[chunks - 1]
+    keys = (metric,) if metric.startswith("eval_") else (metric, f"eval_{metric}")
+    value = None
+    for entry in history.log:
+        if entry.get("step", math.inf) > end:
+            continue
+        for key in keys:
+            v = entry.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                value = float(v)
+                break
+    return value
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+
+
+class SuccessiveHalving(Policy):
+    """Asynchronous successive halving (ASHA) over chunks.
+
+    Rungs are at ``min_chunks * eta**k`` chunks (k = 0, 1, ...). When a run finishes the chunk
+    of a rung, it continues only if its metric there is among the best ``1/eta`` of the values
+    every run reached that rung with so far (at least the single best): no waiting for slower
+    runs, so it works with many workers and with clones added mid-flight.
+
+    Defined cases: a run with no value of ``metric`` at its rung yet continues (it is judged
+    at its next rung); a NaN value fails the run, with the reason; runs tied at the cut-off all
+    continue; deleted runs do not count.
+
+    Args:
+        metric: a logged metric (``eval_loss``, ``loss``, ...; ``x`` also finds ``eval_x``).
+        mode: ``min`` or ``max``.
+        eta: the halving rate (>= 2).
+        min_chunks: chunks before the first rung (>= 1).
+    """
+
+    def __init__(self, metric: str = "eval_loss", mode: str = "min", eta: int = 2,
+                 min_chunks: int = 1) -> None:
+        _check_mode(mode)
+        if not isinstance(eta, int) or eta < 2:
+            raise ValueError(f"eta must be an integer >= 2, got {eta!r}")
+        if not isinstance(min_chunks, int) or min_chunks < 1:
+            raise ValueError(f"min_chunks must be an integer >= 1, got {min_chunks!r}")
+        self.metric, self.mode, self.eta, self.min_chunks = metric, mode, eta, min_chunks
+
+    def rung_of(self, chunks: int) -> int | None:
+        """The rung index ``k`` if ``chunks`` is a rung, else ``None``."""
+        if chunks < self.min_chunks or chunks % self.min_chunks:
+            return None
+        ratio, k = chunks // self.min_chunks, 0
+        while ratio % self.eta == 0:
+            ratio //= self.eta
+            k += 1
+        return k if ratio == 1 else None
+
+    def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
+        me = context.runs[run]
+        chunks = me.chunks_done
+        rung = self.rung_of(chunks)
+        if rung is None or chunks >= me.chunks_total or not me.status.schedulable:
+            return []
+        mine = metric_at(me, self.metric, chunks)
+        if mine is None:
+            return []
+        if math.isnan(mine):
+            return [Decision(run, "fail", f"{self.metric} is NaN at rung {rung} "
+                                          f"({chunks} chunks)")]
+        peers = []
+        for other in context.runs.values():
+            if other.status == RunStatus.DELETED or other.chunks_done < chunks:
+                continue
+            value = metric_at(other, self.metric, chunks)
+            if value is not None and not math.isnan(value):
+                peers.append(value)
+        keep = max(1, len(peers) // self.eta)
+        better = sum(1 for v in peers if (v < mine if self.mode == "min" else v > mine))
+        if better < keep:
+            return []
+        return [Decision(run, "stop", f"rung {rung}: {self.metric} {mine:.4g} not in best "
+                                      f"1/{self.eta} of {len(peers)}")]
+
+
+class Budget(Policy):
+    """Stops every remaining run (resumably) once the experiment has spent its budget.
+
+    Args:
+        max_wall_seconds: training time, over all sessions of the experiment.
+        max_total_steps: optimizer steps, summed over every run.
+    """
+
+    def __init__(self, max_wall_seconds: float | None = None,
+                 max_total_steps: int | None = None) -> None:
+        if max_wall_seconds is None and max_total_steps is None:
+            raise ValueError("Budget needs max_wall_seconds and/or max_total_steps")
+        for name, value in (("max_wall_seconds", max_wall_seconds),
+                            ("max_total_steps", max_total_steps)):
+            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        self.max_wall_seconds, self.max_total_steps = max_wall_seconds, max_total_steps
+
+    def spent(self, context: Context) -> str | None:
+        """Why the budget is spent, or ``None``."""
+        if self.max_wall_seconds is not None and context.wall_seconds >= self.max_wall_seconds:
+            return (f"budget spent: {context.wall_seconds:.0f} s of "
+                    f"{self.max_wall_seconds:g} s")
+        steps = context.total_steps
+        if self.max_total_steps is not None and steps >= self.max_total_steps:
+            return f"budget spent: {steps} of {self.max_total_steps} steps"
+        return None
+
+    def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
+        reason = self.spent(context)
+        if reason is None:
+            return []
+        return [Decision(h.name, "stop", reason) for h in context.runs.values()
+                if h.status.schedulable and h.chunks_done < h.chunks_total]
+
+
+def as_policy(policy: Policy | Sequence[Policy] | None) -> Policy | None:
+    """What the trainers accept as ``policy=``: one policy, a list of them, or ``None``."""
+    if policy is None or isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, Sequence) and not isinstance(policy, (str, bytes)):
+        return Policies(policy)
+    raise TypeError(f"policy must be a Policy (SuccessiveHalving(...), Budget(...)) or a list "
+                    f"of them, got {policy!r}")
