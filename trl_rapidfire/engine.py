@@ -57,6 +57,7 @@ from .durable import (
 )
 from .knobs import describe_value
 from .models import ModelGroup, ModelPool
+from .policies import Context, Policy, RunHistory
 from .progress import ExperimentProgress
 from .residency import Residency
 from .results import RunResult, latest_metrics
@@ -296,7 +297,12 @@ class Engine:
         # that continues from its checkpoint.
         self.clone_builder: Callable[..., RunSlot] | None = None
         self.rebuild: Callable[[RunSlot], Any] | None = None
-        self._queued_ops: list[tuple[str, str, str]] = []
+        # (source, run, op text, reason): "python", "tag" or "policy:<name>".
+        self._queued_ops: list[tuple[str, str, str, str | None]] = []
+        # Automatic control (see policies.py), asked by the first worker at every chunk end.
+        self.policy: Policy | None = None
+        self._policy_seen: dict[str, int] = {}
+        self._run_started: float | None = None
         self.slots: dict[str, RunSlot] = {}
         self.schedule: list[ChunkRecord] = []
         self.stats = EngineStats()
@@ -846,7 +852,7 @@ class Engine:
                 self.tracker.polling.set()
             else:
                 self.tracker.polling.clear()
-        started = time.perf_counter()
+        started = self._run_started = time.perf_counter()
         ok = False
         self.interrupted = False
         previous_handler = _install_sigint(self)
@@ -855,6 +861,7 @@ class Engine:
                 self._register()
             self._progress.set_done(self._chunks_done())
             while not self.interrupted:
+                self._consult_policy()
                 if self._ops_pending():
                     # Ops act on runs as of their last trained chunk: record those first.
                     self._flush_finishes()
@@ -882,6 +889,7 @@ class Engine:
                 self._claimed = None
             gc.unfreeze()
             self.stats.wall += time.perf_counter() - started
+            self._run_started = None
             self.stats.compute = sum(s.compute_seconds for s in self.slots.values())
             self.stats.turns = len(self.schedule)
             self._progress.close()
@@ -933,9 +941,48 @@ class Engine:
 
     # ------------------------------------------------------------------ control ops
 
-    def queue_op(self, run: str, op: str, source: str = "python") -> None:
+    def queue_op(self, run: str, op: str, source: str = "python",
+                 reason: str | None = None) -> None:
         """Apply ``op`` to ``run`` at the next chunk boundary (or the next ``train()``)."""
-        self._queued_ops.append((source, run, op))
+        self._queued_ops.append((source, run, op, reason))
+
+    def _consult_policy(self) -> None:
+        """Ask the policy about every chunk recorded since it was last asked (by any worker)
+        and queue its decisions as ops."""
+        if self.policy is None or self.worker.rank != 0:
+            return
+        fresh = [s for s in self.slots.values()
+                 if s.state.chunks_done > self._policy_seen.get(s.name, 0)]
+        if not fresh:
+            return
+        context = self._policy_context()
+        for slot in fresh:
+            self._policy_seen[slot.name] = slot.state.chunks_done
+            for d in self.policy.on_chunk_end(slot.name, context):
+                if d.action == "clone":
+                    verb = "clone-warm" if d.warm else "clone"
+                    text = f"{verb} {json.dumps(dict(d.overrides), default=str)}"
+                else:
+                    text = d.action
+                self.queue_op(d.run, text, source=f"policy:{self.policy.name}",
+                              reason=d.reason)
+
+    def _policy_context(self) -> Context:
+        runs = {}
+        for s in self.slots.values():
+            state = s.trainer.state if s.trainer is not None else None
+            if s.disk_state is not None and (state is None
+                                             or s.disk_state.global_step > state.global_step):
+                state = s.disk_state
+            runs[s.name] = RunHistory(
+                name=s.name, status=s.state.status, chunks_done=s.state.chunks_done,
+                chunks_total=len(s.plan), chunk_ends=tuple(c.end_step for c in s.plan.chunks),
+                log=tuple(state.log_history) if state is not None else (), knobs=s.knobs,
+                parent=s.state.parent,
+            )
+        now = time.perf_counter()
+        running = now - self._run_started if self._run_started is not None else 0.0
+        return Context(runs, self.stats.wall + running)
 
     def _ops_pending(self) -> bool:
         if self.worker.rank != 0:
@@ -956,13 +1003,23 @@ class Engine:
         if self.worker.rank != 0:
             return []
         if self.tracker is not None:
-            pending += [("tag", run, text) for run, text in self.tracker.pending_ops().items()]
+            pending += [("tag", run, text, None)
+                        for run, text in self.tracker.pending_ops().items()]
+        # A person's op on a run wins over a policy's at the same boundary.
+        by_person = {run for source, run, _, _ in pending if not source.startswith("policy")}
         records = []
-        for source, run, text in pending:
-            try:
-                result = "ok: " + self._apply(run, parse_op(text))
-            except OpError as err:
-                result = f"error: {err}"
+        for source, run, text, reason in pending:
+            automatic = source.startswith("policy")
+            if automatic and run in by_person:
+                result = "skipped: a person's op on this run wins"
+            else:
+                try:
+                    op = Op("fail") if automatic and text == "fail" else parse_op(text)
+                    result = "ok: " + self._apply(run, op, reason)
+                    if automatic:
+                        result += f" by {source.split(':', 1)[1]} {reason}"
+                except OpError as err:
+                    result = f"error: {err}"
             record = OpRecord.now(source, run, text, result)
             records.append(record)
             self.op_log.append(record)
@@ -974,19 +1031,23 @@ class Engine:
                     self.tracker.set_tags(run, {"rapidfire.op.result": result})
             if run in self.slots:
                 self._report(self.slots[run])
-            if result.startswith("error") and source != "tag":
+            if result.startswith("error") and source == "python":
                 warnings.warn(f"op {text!r} on {run}: {result}", RuntimeWarning, stacklevel=2)
         return records
 
-    def _apply(self, run: str, op: Op) -> str:
-        if op.verb in ("stop", "resume", "delete"):
+    def _apply(self, run: str, op: Op, reason: str | None = None) -> str:
+        if op.verb in ("stop", "resume", "delete", "fail"):
             with self.store.transaction() as st:
                 record = st.runs.get(run)
                 if record is None or run not in self.slots:
                     raise OpError(f"no run named {run!r}; runs: {sorted(self.slots)}")
-                result = _change_status(record, op.verb)
+                result = _change_status(record, op.verb, reason)
                 self._sync(st)
             slot = self.slots[run]
+            if op.verb == "fail":
+                slot.error = record.error
+                self._forget(slot)
+                return result
             if op.verb == "stop" and slot.residency.resident and slot.trainer is not None \
                     and slot.state.chunks_done and slot.local_chunks == slot.state.chunks_done:
                 slot.residency.park(self.cache, slot.trainer.optimizer)
@@ -1082,10 +1143,15 @@ class Engine:
 _RETRY = object()  # _claim: claim again now (a write this worker waited for has ended)
 
 
-def _change_status(record: RunState, verb: str) -> str:
+def _change_status(record: RunState, verb: str, reason: str | None = None) -> str:
     status = record.status
     if status == RunStatus.DELETED:
         raise OpError(f"{record.name} is deleted; no op applies to it")
+    if verb == "fail":  # only policies fail runs (a NaN metric), with their reason
+        if not status.schedulable:
+            raise OpError(f"{record.name} is {status.value}; only pending or running runs fail")
+        record.fail(reason or "failed by a policy")
+        return "failed"
     if verb == "stop":
         if not status.schedulable:
             raise OpError(f"{record.name} is {status.value}; only pending or running runs stop")

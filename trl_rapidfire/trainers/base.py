@@ -36,6 +36,7 @@ from ..durable import commit_folder, start_folder
 from ..engine import Engine, RunFailure
 from ..knobs import KnobError, describe_value, is_knob
 from ..models import ModelPool, adapter_name, adapter_params
+from ..policies import as_policy
 from ..preflight import PreflightError, check_run
 from ..results import RunResult, pick_best
 from ..schedule import ChunkRecord
@@ -266,7 +267,9 @@ class RFTrainerMixin:
         search: Search | None,
         knob_args: dict[str, Any],
         shared_args: dict[str, Any],
+        policy: Any = None,
     ) -> None:
+        policy = as_policy(policy)  # a bad policy fails before anything loads
         if search is None:
             search = GridSearch()
         if not isinstance(search, Search):
@@ -295,6 +298,7 @@ class RFTrainerMixin:
             store=store,
         )
         self._rf_engine.rebuild = self._rf_rebuild
+        self._rf_engine.policy = policy
         self._rf_best: str | None = None
         self._rf_shared = shared_args
         self._rf_knob_args = knob_args

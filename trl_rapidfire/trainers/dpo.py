@@ -69,12 +69,14 @@ class RFDPOTrainer(RFTrainerMixin, DPOTrainer):
         peft_config: Any = None,
         *,
         search: Search | None = None,
+        policy: Any = None,
     ) -> None:
         if train_dataset is None:
             raise ValueError("`train_dataset` is required")
         self._rf_setup(
             args=rf_config_from(args, RFDPOConfig, _default_dir(model, "DPO")),
             search=search,
+            policy=policy,
             knob_args=dict(model=model, peft_config=peft_config,
                            processing_class=processing_class),
             shared_args=dict(

@@ -84,12 +84,14 @@ class RFGRPOTrainer(RFTrainerMixin, GRPOTrainer):
         environment_factory: Any = None,
         *,
         search: Search | None = None,
+        policy: Any = None,
     ) -> None:
         if train_dataset is None:
             raise ValueError("`train_dataset` is required")
         self._rf_setup(
             args=rf_config_from(args, RFGRPOConfig, _default_dir(model, "GRPO")),
             search=search,
+            policy=policy,
             knob_args=dict(model=model, peft_config=peft_config, reward_funcs=reward_funcs,
                            processing_class=processing_class),
             shared_args=dict(

@@ -63,6 +63,8 @@ class RFSFTTrainer(RFTrainerMixin, SFTTrainer):
     Args:
         search: how knobs expand into runs: ``GridSearch()`` (default) or
             ``RandomSearch(num_runs=..., seed=...)``.
+        policy: automatic control at chunk boundaries (``SuccessiveHalving(...)``,
+            ``Budget(...)``, or a list of them); see :mod:`trl_rapidfire.policies`.
 
     After :meth:`train`: ``trainer.runs`` lists every run with its metrics, ``trainer.best_run``
     names the best, ``trainer.model`` is the best run's model, ``trainer.save_model()`` saves
@@ -91,6 +93,7 @@ class RFSFTTrainer(RFTrainerMixin, SFTTrainer):
         formatting_func: Any = None,
         *,
         search: Search | None = None,
+        policy: Any = None,
     ) -> None:
         if train_dataset is None:
             raise ValueError("`train_dataset` is required")
@@ -101,6 +104,7 @@ class RFSFTTrainer(RFTrainerMixin, SFTTrainer):
         self._rf_setup(
             args=rf_config_from(args, RFSFTConfig, default_dir),
             search=search,
+            policy=policy,
             knob_args=dict(
                 model=model,
                 peft_config=peft_config,

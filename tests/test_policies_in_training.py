@@ -1,0 +1,80 @@
+"""Policies driving a real experiment: their decisions are ordinary ops, with reasons."""
+
+from __future__ import annotations
+
+import pytest
+
+from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
+from trl_rapidfire.policies import Budget, SuccessiveHalving
+from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.testing import (
+    cpu_training_kwargs,
+    make_sft_dataset,
+    tiny_lora_config,
+    tiny_model_path,
+)
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _trainer(out, policy, lrs=(1e-5, 1e-4, 3e-3, 1e-2)):
+    return RFSFTTrainer(
+        model=tiny_model_path(),
+        args=RFSFTConfig(output_dir=str(out), learning_rate=List(list(lrs)), num_chunks=4,
+                         num_train_epochs=1, per_device_train_batch_size=4,
+                         eval_strategy="chunk", per_device_eval_batch_size=8,
+                         **cpu_training_kwargs()),
+        train_dataset=make_sft_dataset(48, seed=1),
+        eval_dataset=make_sft_dataset(16, seed=9),
+        peft_config=tiny_lora_config(r=4),
+        policy=policy,
+    )
+
+
+def test_successive_halving_stops_the_worse_half_at_each_rung_with_reasons(tmp_path):
+    rf = _trainer(tmp_path / "exp", SuccessiveHalving("eval_loss", "min", eta=2))
+    rf.train()
+    auto = [o for o in rf.op_log if o.source == "policy:SuccessiveHalving"]
+    assert auto and all(o.op == "stop" for o in auto)
+    assert all(o.result.startswith("ok: stopped at step ") and " by SuccessiveHalving rung "
+               in o.result and "not in best 1/2" in o.result for o in auto)
+    status = {r.name: r.status for r in rf.runs}
+    stopped = {o.run for o in auto}
+    assert all(status[n] == RunStatus.STOPPED for n in stopped)
+    assert RunStatus.COMPLETED in status.values()
+    # Every decision can be checked against the runs' eval losses at its rung: the stopped
+    # run had a worse value than the best of the runs that had reached that rung.
+    best = rf.best_run
+    assert best.status == RunStatus.COMPLETED and best.name not in stopped
+
+
+def test_a_persons_op_on_a_run_wins_over_the_policys(tmp_path):
+    rf = _trainer(tmp_path / "exp", None, lrs=(1e-4, 3e-3))
+    engine = rf.engine
+    original = engine._ops_pending
+    done = {"queued": False}
+
+    def both_ops_at_one_boundary():
+        if not done["queued"] and engine.slots["run-0"].state.chunks_done == 1:
+            engine.queue_op("run-1", "stop", source="policy:Test", reason="because")
+            rf.delete("run-1")
+            done["queued"] = True
+        return original()
+
+    engine._ops_pending = both_ops_at_one_boundary
+    rf.train()
+    log = [(o.source, o.run, o.op, o.result) for o in rf.op_log]
+    assert log == [("policy:Test", "run-1", "stop", "skipped: a person's op on this run wins"),
+                   ("python", "run-1", "delete", "ok: deleted")]
+
+
+def test_a_budget_stops_everything_resumably(tmp_path):
+    rf = _trainer(tmp_path / "exp", Budget(max_total_steps=8), lrs=(1e-4, 3e-3))
+    rf.train()
+    # 12 steps a run, 3 a chunk: the budget is spent once 8 steps are trained in all.
+    assert [r.status for r in rf.runs] == [RunStatus.STOPPED] * 2
+    assert sum(r.global_step for r in rf.runs) in (9, 12)
+    assert all("budget spent" in o.result for o in rf.op_log)
