@@ -11,6 +11,7 @@ from trl_rapidfire.policies import (
     Context,
     Decision,
     Policies,
+    PopulationBased,
     RunHistory,
     SuccessiveHalving,
     as_policy,
@@ -139,3 +140,46 @@ def test_several_policies_give_each_run_one_decision():
 def test_bad_settings_are_clear_errors(make, match):
     with pytest.raises((ValueError, TypeError), match=match):
         make()
+
+
+def test_population_based_replaces_the_bottom_by_a_mutated_warm_clone_of_the_top():
+    from trl_rapidfire import List
+
+    pbt = PopulationBased("eval_loss", "min", interval_chunks=2, quantile=0.25,
+                          mutations={"learning_rate": 2.0, "warmup_steps": List([0, 5])},
+                          seed=1)
+
+    def member(name, values, lr):
+        h = run(name, values)
+        return RunHistory(h.name, h.status, h.chunks_done, h.chunks_total, h.chunk_ends,
+                          h.log, {"learning_rate": lr, "warmup_steps": 0})
+
+    pop = [member("a", [3, 2.0], 1e-3), member("b", [3, 1.0], 3e-3),
+           member("c", [3, 2.5], 1e-4), member("d", [3, 4.0], 1e-5)]
+    assert pbt.on_chunk_end("a", ctx(*pop)) == []  # not in the bottom quarter
+    stop, clone = pbt.on_chunk_end("d", ctx(*pop))
+    assert (stop.run, stop.action) == ("d", "stop")
+    assert stop.reason == "eval_loss 4 in the bottom 0.25 of 4 after 2 chunks"
+    assert (clone.run, clone.action, clone.warm) == ("b", "clone", True)  # the top run
+    assert clone.overrides["learning_rate"] in (6e-3, 1.5e-3)
+    assert clone.overrides["warmup_steps"] in (0, 5)
+    # The same question gives the same answer (a re-run, another worker).
+    assert pbt.on_chunk_end("d", ctx(*pop)) == [stop, clone]
+    # Off the interval, alone, without the metric, tied at the cut-off: nothing happens.
+    assert pbt.on_chunk_end("x", ctx(member("x", [9.0], 1e-3), *pop)) == []
+    assert pbt.on_chunk_end("d", ctx(pop[3])) == []
+    tied = [member(n, [3, 5.0], 1e-3) for n in "pqr"] + [member("s", [3, 1.0], 1e-3)]
+    assert pbt.on_chunk_end("p", ctx(*tied)) == []
+    [fail] = pbt.on_chunk_end("n", ctx(member("n", [3, math.nan], 1e-3), *pop))
+    assert fail.action == "fail" and "NaN" in fail.reason
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(mutations={}), "needs mutations"),
+    (dict(mutations={"learning_rate": 0.5}), "factor > 1"),
+    (dict(mutations={"learning_rate": 2.0}, quantile=0.9), "quantile must be"),
+    (dict(mutations={"learning_rate": 2.0}, interval_chunks=0), "interval_chunks must be"),
+])
+def test_population_based_bad_settings_are_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PopulationBased(**kwargs)

@@ -78,3 +78,20 @@ def test_a_budget_stops_everything_resumably(tmp_path):
     assert [r.status for r in rf.runs] == [RunStatus.STOPPED] * 2
     assert sum(r.global_step for r in rf.runs) in (9, 12)
     assert all("budget spent" in o.result for o in rf.op_log)
+
+
+def test_population_based_replaces_the_worse_run_by_a_warm_clone_of_the_better(tmp_path):
+    from trl_rapidfire import PopulationBased
+
+    pbt = PopulationBased("eval_loss", "min", interval_chunks=2, quantile=0.5,
+                          mutations={"learning_rate": 2.0}, seed=3)
+    rf = _trainer(tmp_path / "exp", pbt, lrs=(1e-5, 3e-3))
+    rf.train()
+    auto = [(o.run, o.op.split(" ")[0], o.result.split(" ")[1]) for o in rf.op_log]
+    assert auto[:2] == [("run-0", "stop", "stopped"), ("run-1", "clone-warm", "created")]
+    runs = {r.name: r for r in rf.runs}
+    assert runs["run-0"].status == RunStatus.STOPPED
+    clone = runs["run-2"]
+    assert clone.knobs["learning_rate"] in (6e-3, 1.5e-3)
+    assert rf.engine.slots["run-2"].state.parent == "run-1"
+    assert rf.engine.slots["run-2"].state.warm_start

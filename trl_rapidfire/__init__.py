@@ -7,6 +7,7 @@ and the search expands them into runs.
 
 from .configs import RFConfigError, RFDPOConfig, RFGRPOConfig, RFSFTConfig
 from .knobs import KnobError, List, Range
+from .policies import Budget, PopulationBased, SuccessiveHalving
 from .search import GridSearch, RandomSearch, RunSpec, SearchError
 
 __version__ = "0.1.0"
@@ -43,6 +44,9 @@ __all__ = [
     "GridSearch",
     "RandomSearch",
     "RunSpec",
+    "SuccessiveHalving",
+    "PopulationBased",
+    "Budget",
     "KnobError",
     "RFConfigError",
     "SearchError",

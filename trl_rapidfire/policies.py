@@ -12,18 +12,22 @@ another worker, asks the same question and gets the same answer; nothing of a po
 saving. The model is Optuna's pruners and Ray Tune's trial schedulers (``on_result ->
 CONTINUE | PAUSE | STOP``), asked at chunk granularity.
 
-Built in: :class:`SuccessiveHalving` (asynchronous successive halving, ASHA) and
-:class:`Budget`; combine several by passing a list (:class:`Policies`).
+Built in: :class:`SuccessiveHalving` (asynchronous successive halving, ASHA),
+:class:`PopulationBased` (exploit and explore with warm clones) and :class:`Budget`; combine
+several by passing a list (:class:`Policies`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .knobs import Knob
 from .runs import RunStatus
 
 __all__ = [
@@ -32,6 +36,7 @@ __all__ = [
     "Decision",
     "Policies",
     "Policy",
+    "PopulationBased",
     "RunHistory",
     "SuccessiveHalving",
     "metric_at",
@@ -210,19 +215,112 @@ class SuccessiveHalving(Policy):
         if math.isnan(mine):
             return [Decision(run, "fail", f"{self.metric} is NaN at rung {rung} "
                                           f"({chunks} chunks)")]
-        peers = []
-        for other in context.runs.values():
-            if other.status == RunStatus.DELETED or other.chunks_done < chunks:
-                continue
-            value = metric_at(other, self.metric, chunks)
-            if value is not None and not math.isnan(value):
-                peers.append(value)
+        peers = list(_values_at(context, self.metric, chunks).values())
         keep = max(1, len(peers) // self.eta)
         better = sum(1 for v in peers if (v < mine if self.mode == "min" else v > mine))
         if better < keep:
             return []
         return [Decision(run, "stop", f"rung {rung}: {self.metric} {mine:.4g} not in best "
                                       f"1/{self.eta} of {len(peers)}")]
+
+
+def _values_at(context: Context, metric: str, chunks: int) -> dict[str, float]:
+    """Each run's value of ``metric`` at ``chunks`` chunks, for the runs that got there (NaN
+    and missing values left out; deleted runs do not count)."""
+    out = {}
+    for other in context.runs.values():
+        if other.status == RunStatus.DELETED or other.chunks_done < chunks:
+            continue
+        value = metric_at(other, metric, chunks)
+        if value is not None and not math.isnan(value):
+            out[other.name] = value
+    return out
+
+
+class PopulationBased(Policy):
+    """Population-based training at chunk granularity: exploit, then explore.
+
+    Every ``interval_chunks`` chunks of a run, its metric there is compared with the values of
+    every run that got as far. A run in the bottom ``quantile`` is stopped and replaced by a
+    *warm* clone of a run in the top ``quantile`` (its weights and optimizer state) whose knobs
+    are mutated: a ``List``/``Range`` in ``mutations`` draws a new value, a number ``f``
+    multiplies the donor's value by ``f`` or ``1/f``. Choices are drawn from a generator seeded
+    by ``seed``, the run and the chunk, so they are the same on a re-run.
+
+    Defined cases: fewer than two runs at a point, or a run without the metric yet: nothing
+    happens; a NaN value fails the run; ties with the bottom cut-off are kept.
+
+    Args:
+        metric, mode: as for :class:`SuccessiveHalving`.
+        interval_chunks: chunks between two decisions about a run.
+        quantile: the share of runs replaced, and of runs that can donate (0 < q <= 0.5).
+        mutations: knob name -> ``List``/``Range`` or a factor (> 1).
+        seed: seeds the draws.
+    """
+
+    def __init__(self, metric: str = "eval_loss", mode: str = "min", interval_chunks: int = 2,
+                 quantile: float = 0.25, mutations: Mapping[str, Any] | None = None,
+                 seed: int = 0) -> None:
+        _check_mode(mode)
+        if not isinstance(interval_chunks, int) or interval_chunks < 1:
+            raise ValueError(f"interval_chunks must be an integer >= 1, got {interval_chunks!r}")
+        if not isinstance(quantile, (int, float)) or not 0 < quantile <= 0.5:
+            raise ValueError(f"quantile must be in (0, 0.5], got {quantile!r}")
+        if not mutations:
+            raise ValueError("PopulationBased needs mutations={knob: List/Range or factor}")
+        for knob, spec in mutations.items():
+            if not isinstance(spec, Knob) and not (
+                isinstance(spec, (int, float)) and not isinstance(spec, bool) and spec > 1
+            ):
+                raise ValueError(f"mutations[{knob!r}] must be a List, a Range or a factor "
+                                 f"> 1, got {spec!r}")
+        self.metric, self.mode, self.interval = metric, mode, interval_chunks
+        self.quantile, self.mutations, self.seed = quantile, dict(mutations), seed
+
+    def _rng(self, run: str, chunks: int) -> random.Random:
+        digest = hashlib.sha256(f"{self.seed}/{run}/{chunks}".encode()).digest()
+        return random.Random(int.from_bytes(digest[:8], "big"))
+
+    def _mutate(self, knobs: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
+        out = {}
+        for knob, spec in self.mutations.items():
+            if isinstance(spec, Knob):
+                out[knob] = spec.sample(rng)
+            elif knob in knobs and isinstance(knobs[knob], (int, float)):
+                value = knobs[knob] * (spec if rng.random() < 0.5 else 1 / spec)
+                out[knob] = type(knobs[knob])(value) if isinstance(knobs[knob], int) else value
+        return out
+
+    def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
+        me = context.runs[run]
+        chunks = me.chunks_done
+        if chunks % self.interval or chunks >= me.chunks_total or not me.status.schedulable:
+            return []
+        mine = metric_at(me, self.metric, chunks)
+        if mine is None:
+            return []
+        if math.isnan(mine):
+            return [Decision(run, "fail", f"{self.metric} is NaN after {chunks} chunks")]
+        values = _values_at(context, self.metric, chunks)
+        if len(values) < 2:
+            return []
+        cut = max(1, int(len(values) * self.quantile))
+        ordered = sorted(values.items(), key=lambda kv: kv[1], reverse=self.mode == "min")
+        # Replaced: strictly worse than the worst run outside the bottom quantile (so runs
+        # tied with it stay, and never more than the quantile goes).
+        boundary = ordered[cut][1]
+        if not ((mine > boundary) if self.mode == "min" else (mine < boundary)):
+            return []
+        top = [name for name, _ in ordered[-cut:] if name != run]
+        if not top:
+            return []
+        rng = self._rng(run, chunks)
+        donor = top[rng.randrange(len(top))]
+        overrides = self._mutate(context.runs[donor].knobs, rng)
+        reason = (f"{self.metric} {mine:.4g} in the bottom {self.quantile:g} of "
+                  f"{len(values)} after {chunks} chunks")
+        return [Decision(run, "stop", reason),
+                Decision(donor, "clone", f"replaces {run} ({reason})", overrides, warm=True)]
 
 
 class Budget(Policy):
