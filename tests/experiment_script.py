@@ -7,17 +7,20 @@
 ``ddp_backend="gloo"`` are the settings under which transformers does detect a launch on CPU
 (so without trl-rapidfire's workers every trainer would be wrapped in DDP).
 
-``RF_TEST_KILL=<run>:<step>`` kills the whole experiment (its process group, like a
-``kill -9`` of the launcher) when that run begins that optimizer step: mid-chunk, never at a
-boundary. ``RF_TEST_ROWS`` sets the dataset size (longer chunks for timing).
+``RF_TEST_KILL=<run>:<step>[:peer]`` kills the whole experiment (its process group, like a
+``kill -9`` of the launcher) when that run (or ``any``) begins that optimizer step: mid-chunk,
+never at a boundary; with ``peer``, only once another worker has claimed a chunk.
+``RF_TEST_ROWS`` sets the dataset size (longer chunks for timing).
 ``RF_TEST_STOP=<run>`` stops that run from the script before training.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+import time
 
 import torch
 from transformers import TrainerCallback
@@ -32,14 +35,32 @@ from trl_rapidfire.testing import (
 
 
 class KillAt(TrainerCallback):
-    """SIGKILL the experiment's process group when the run reaches ``step`` (mid-chunk)."""
+    """SIGKILL the experiment's process group when the run reaches ``step`` (mid-chunk).
 
-    def __init__(self, run: str, step: int) -> None:
-        self.run, self.step = run, step
+    ``run`` may be ``any``. With ``peer``, first wait (holding the run's claim) until another
+    worker has claimed a chunk: the kill then happens while that worker is running.
+    """
+
+    def __init__(self, run: str, step: int, peer: bool = False, output_dir: str = "") -> None:
+        self.run, self.step, self.peer, self.output_dir = run, step, peer, output_dir
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if args.output_dir.endswith(self.run) and state.global_step == self.step:
+        mine = self.run == "any" or args.output_dir.endswith(self.run)
+        if mine and state.global_step == self.step:
+            if self.peer:
+                self._wait_for_a_peer()
             os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    def _wait_for_a_peer(self) -> None:
+        me = f":{os.getpid()}:"
+        path = os.path.join(self.output_dir, ".rapidfire", "scheduler.json")
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            with open(path, encoding="utf-8") as fh:
+                claims = json.load(fh)["claims"]
+            if any(me not in c["worker"] for c in claims.values()):
+                return
+            time.sleep(0.1)
 
 
 def main(output_dir: str) -> None:
@@ -62,8 +83,8 @@ def main(output_dir: str) -> None:
     callbacks = []
     kill = os.environ.get("RF_TEST_KILL")
     if kill:
-        run, step = kill.split(":")
-        callbacks.append(KillAt(run, int(step)))
+        run, step, *peer = kill.split(":")
+        callbacks.append(KillAt(run, int(step), peer == ["peer"], output_dir))
     trainer = RFSFTTrainer(
         model=tiny_model_path(),
         args=config,

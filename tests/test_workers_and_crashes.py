@@ -152,10 +152,15 @@ def test_a_worker_that_dies_is_replaced_by_the_others(reference, tmp_path):
     # run's last boundary and finishes every run.
     out = tmp_path / "exp"
     env = _env(tmp_path, RF_TEST_ROWS="96")
-    doomed = subprocess.Popen(_script(out, 1), env={**env, "RF_TEST_KILL": "run-1:12"},
+    # The doomed worker dies in the middle of the second chunk of the first run it takes that
+    # far, once the survivor is training too (it waits for the survivor's first claim).
+    doomed = subprocess.Popen(_script(out, 1), env={**env, "RF_TEST_KILL": "any:12:peer"},
                               cwd=tmp_path, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(2.0)  # let it claim first
+    deadline = time.time() + 300
+    while not (out / "schedule.csv").exists() or len(read_schedule_csv(out / "schedule.csv")) < 1:
+        assert time.time() < deadline and doomed.poll() is None
+        time.sleep(0.2)
     survivor = subprocess.Popen(_script(out, 1), env=env, cwd=tmp_path,
                                 start_new_session=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
