@@ -183,3 +183,12 @@ def test_population_based_replaces_the_bottom_by_a_mutated_warm_clone_of_the_top
 def test_population_based_bad_settings_are_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         PopulationBased(**kwargs)
+
+
+def test_a_clone_does_not_spare_its_parent_another_policys_stop():
+    pbt = PopulationBased("eval_loss", interval_chunks=2, quantile=0.25,
+                          mutations={"learning_rate": 2.0})
+    pop = [run(n, [3, v]) for n, v in zip("abcd", (2.0, 1.0, 2.5, 4.0))]
+    both = Policies([pbt, Budget(max_total_steps=1)])
+    got = [(d.run, d.action) for d in both.on_chunk_end("d", ctx(*pop))]
+    assert got == [("d", "stop"), ("b", "clone"), ("a", "stop"), ("b", "stop"), ("c", "stop")]

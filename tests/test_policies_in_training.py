@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.policies import Budget, SuccessiveHalving
+from trl_rapidfire.policies import Budget, RunHistory, SuccessiveHalving, metric_at
 from trl_rapidfire.runs import RunStatus
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
@@ -45,8 +45,18 @@ def test_successive_halving_stops_the_worse_half_at_each_rung_with_reasons(tmp_p
     stopped = {o.run for o in auto}
     assert all(status[n] == RunStatus.STOPPED for n in stopped)
     assert RunStatus.COMPLETED in status.values()
-    # Every decision can be checked against the runs' eval losses at its rung: the stopped
-    # run had a worse value than the best of the runs that had reached that rung.
+    # Each stop checked against the runs' logged eval losses: at its rung (2**k chunks),
+    # some other run that reached the rung had a strictly better value.
+    for o in auto:
+        chunks = 2 ** int(o.result.split(" rung ")[1].split(":")[0])
+        values = {}
+        for name, slot in rf.engine.slots.items():
+            history = RunHistory(name, slot.state.status, slot.state.chunks_done,
+                                 len(slot.plan), tuple(c.end_step for c in slot.plan.chunks),
+                                 tuple(slot.trainer.state.log_history))
+            if history.chunks_done >= chunks:
+                values[name] = metric_at(history, "eval_loss", chunks)
+        assert min(v for n, v in values.items() if n != o.run) < values[o.run]
     best = rf.best_run
     assert best.status == RunStatus.COMPLETED and best.name not in stopped
 

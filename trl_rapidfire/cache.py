@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-__all__ = ["StateCache", "load_tree", "save_tree"]
+__all__ = ["StateCache", "load_tree", "replace_folder", "save_tree"]
 
 TENSORS_FILE = "tensors.safetensors"
 TREE_FILE = "tree.json"
@@ -309,7 +309,6 @@ def save_tree(tree: Any, folder: str | os.PathLike, *, meta: dict[str, Any] | No
     text = json.dumps(doc, allow_nan=False)
     tmp = folder.with_name(f"{_TMP_PREFIX}{folder.name}-{uuid.uuid4().hex}")
     tmp.mkdir()
-    trash = None
     try:
         save_file(encoder.tensors, tmp / TENSORS_FILE, metadata={"format": "pt"})
         _fsync_file(tmp / TENSORS_FILE)
@@ -317,21 +316,28 @@ def save_tree(tree: Any, folder: str | os.PathLike, *, meta: dict[str, Any] | No
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        # A directory cannot be renamed over a non-empty one: move the old one aside first.
-        if folder.exists():
-            trash = folder.with_name(f"{_TRASH_PREFIX}{folder.name}-{uuid.uuid4().hex}")
-            os.replace(folder, trash)
-        try:
-            os.replace(tmp, folder)
-        except BaseException:
-            if trash is not None:
-                os.replace(trash, folder)
-            raise
-        _fsync_dir(folder.parent)
+        replace_folder(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def replace_folder(tmp: Path, folder: Path) -> None:
+    """Rename the complete folder ``tmp`` (its files already on disk) to ``folder``, replacing
+    one that is there, and make the rename durable. On failure ``folder`` is as it was."""
+    _fsync_dir(tmp)
+    trash = None
+    # A directory cannot be renamed over a non-empty one: move the old one aside first.
+    if folder.exists():
+        trash = folder.with_name(f"{_TRASH_PREFIX}{folder.name}-{uuid.uuid4().hex}")
+        os.replace(folder, trash)
+    try:
+        os.replace(tmp, folder)
+    except BaseException:
+        if trash is not None:
+            os.replace(trash, folder)
+        raise
+    _fsync_dir(folder.parent)
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
 

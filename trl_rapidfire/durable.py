@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .cache import _fsync_dir, _fsync_file
+from .cache import _fsync_file, replace_folder
 
 __all__ = [
     "checkpoint_at",
@@ -53,13 +53,12 @@ def commit_folder(tmp: Path, target: str | os.PathLike) -> Path:
     """Make the folder written in ``tmp`` appear as ``target``, whole (replacing one left by an
     earlier attempt). Returns ``target``."""
     target = Path(target)
-    _fsync_tree(tmp)
-    if target.exists():
-        old = target.with_name(f".old-{target.name}-{os.getpid()}")
-        os.replace(target, old)
-        shutil.rmtree(old, ignore_errors=True)
-    os.replace(tmp, target)
-    _fsync_dir(target.parent)
+    # The rename is what makes the folder visible; its files must be on disk before it, or a
+    # power cut could leave a complete-looking folder of empty files.
+    for path in tmp.rglob("*"):
+        if path.is_file():
+            _fsync_file(path)
+    replace_folder(tmp, target)
     return target
 
 
@@ -75,14 +74,6 @@ def write_atomically(target: str | os.PathLike, write: Callable[[Path], None]) -
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _fsync_tree(folder: Path) -> None:
-    # The rename is what makes the folder visible; its files must be on disk before it, or a
-    # power cut could leave a complete-looking folder of empty files.
-    for path in folder.rglob("*"):
-        if path.is_file():
-            _fsync_file(path)
 
 
 def _checkpoints(folder: Path) -> list[tuple[int, Path]]:

@@ -518,16 +518,15 @@ class Engine:
                     if slot.trainer is None:
                         st.runs[slot.name].fail(slot.error or "could not be set up")
             expire(st, now=time.time())
-            records = {n: RunState.from_json(r.to_json()) for n, r in st.runs.items()}
-            clones = dict(st.clones)
+            records = {n: r.copy() for n, r in st.runs.items()}
+            clones = self._unbuilt_clones(st)
             # Rows are appended under the same lock. Rewriting what is there drops a line a
             # crash cut short, so the next row starts on a line of its own.
             if self.schedule_path.exists():
                 self.schedule = read_schedule_csv(self.schedule_path)
             write_schedule_csv(self.schedule, self.schedule_path)
-        for name in records:
-            if name not in self.slots and name in clones:
-                self._build_clone_from_store(name, clones[name])
+        for name, info in clones.items():
+            self._build_clone_from_store(name, info)
         for name, record in records.items():
             if name in self.slots:
                 self._adopt(self.slots[name], record)
@@ -574,7 +573,7 @@ class Engine:
         for name, record in st.runs.items():
             slot = self.slots.get(name)
             if slot is not None:
-                self._adopt(slot, RunState.from_json(record.to_json()))
+                self._adopt(slot, record.copy())
 
     def _forget(self, slot: RunSlot) -> None:
         if slot.coroutine is not None and not slot.coroutine.finished:
@@ -588,48 +587,42 @@ class Engine:
         training runs that may come back), ``False`` when nothing is left, ``_RETRY`` to claim
         again at once."""
         finished: list[RunSlot] = []
+        claimed = write = None
         with self.store.transaction(durable=bool(self._pending_finishes)) as st:
             if self._pending_finishes:
                 finished = self._record_finishes(st)
-            for name in st.runs:
-                if name not in self.slots and name in st.clones:
-                    info = dict(st.clones[name])
-                    break
-            else:
-                info = None
-            if info is None and self.worker.launched and st.ready != self.worker.launch:
-                # The first worker has not applied the script's own ops yet (e.g. a stop
-                # before train()): nothing trains before it has.
-                if self.worker.rank == 0:
-                    st.ready = self.worker.launch
-                else:
-                    info = False
-            writing = {slot.name: write for slot, write, _ in self._pending_finishes}
-            if info is None and writing:
+            clones = self._unbuilt_clones(st)
+            # Under a launch nothing trains before the first worker has applied the ops its
+            # script queued before train() (e.g. a stop).
+            held = self.worker.launched and st.ready != self.worker.launch
+            if held and self.worker.rank == 0:
+                st.ready, held = self.worker.launch, False
+            writing = {slot.name: w for slot, w, _ in self._pending_finishes}
+            if not clones and not held and writing:
                 # A run whose checkpoint is still being written stays claimed by this worker;
                 # if it is the one to train next, wait for its write instead of moving on.
-                wait_for = choose(st, self.worker.id, finishing=writing)
-                if wait_for in writing:
-                    info = writing[wait_for]
-            if info is None:
+                write = writing.get(choose(st, self.worker.id, finishing=writing))
+            if not clones and not held and write is None:
                 claimed = claim_next(st, self.worker.id, now=time.time(),
                                      lease_seconds=self.lease_seconds)
-                waiting = st.live_claims()
+            waiting = st.live_claims()
             self._sync(st)
         for slot in finished:
             self._after_turn(slot)
-        if isinstance(info, concurrent.futures.Future):
-            concurrent.futures.wait([info])
+        if clones:  # made by another worker: build them here too
+            for name, info in clones.items():
+                self._build_clone_from_store(name, info)
             return _RETRY
-        if info is False:
-            return None
-        if info is not None:  # a clone made by another worker: build it here too
-            self._build_clone_from_store(name, info)
-            return None
+        if write is not None:
+            concurrent.futures.wait([write])
+            return _RETRY
         if claimed is not None:
             self._claimed = claimed
             return self.slots[claimed[0]], claimed[1]
-        return None if waiting else False
+        return None if waiting or held else False
+
+    def _unbuilt_clones(self, st: Any) -> dict[str, dict[str, str]]:
+        return {n: dict(info) for n, info in st.clones.items() if n not in self.slots}
 
     def _build_clone_from_store(self, name: str, info: dict[str, str]) -> None:
         parent = self.slots.get(info["parent"])
@@ -714,7 +707,7 @@ class Engine:
                 slot.error_traceback = traceback.format_exc()
                 self._claimed = None
                 self._fail(slot)
-                self._report(slot)
+                self._after_turn(slot)
                 return
         chunk = slot.plan.chunks[chunk_number] if chunk_number < len(slot.plan) else None
         start_step = chunk.start_step if chunk is not None else slot.state.global_step
@@ -790,6 +783,8 @@ class Engine:
     def _after_turn(self, slot: RunSlot) -> None:
         if slot.error is not None and slot.state.status == RunStatus.FAILED:
             slot.residency.drop(self.cache)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # after an out-of-memory error, give the rest back
             if self._resident is slot:
                 self._resident = None
             warnings.warn(f"{slot.name} failed: {slot.error}", RuntimeWarning, stacklevel=3)
@@ -819,15 +814,10 @@ class Engine:
         return sum(min(s.state.chunks_done, len(s.plan)) for s in self.slots.values())
 
     def _fail(self, slot: RunSlot) -> None:
+        """Record in the shared state that ``slot`` failed (``_after_turn`` lets it go)."""
         with self.store.transaction() as st:
             fail_claimed(st, slot.name, self.worker.id, slot.error)
             self._sync(st)
-        slot.residency.drop(self.cache)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # after an out-of-memory error, give the rest back
-        if self._resident is slot:
-            self._resident = None
-        warnings.warn(f"{slot.name} failed: {slot.error}", RuntimeWarning, stacklevel=3)
 
     def run(self) -> None:
         """Train every registered run to the end (or to its failure).
@@ -1045,7 +1035,6 @@ class Engine:
                 self._sync(st)
             slot = self.slots[run]
             if op.verb == "fail":
-                slot.error = record.error
                 self._forget(slot)
                 return result
             if op.verb == "stop" and slot.residency.resident and slot.trainer is not None \
@@ -1140,7 +1129,7 @@ class Engine:
                 if s.state.status == RunStatus.FAILED}
 
 
-_RETRY = object()  # _claim: claim again now (a write this worker waited for has ended)
+_RETRY = object()  # _claim: claim again now (a write it waited for ended, or clones were built)
 
 
 def _change_status(record: RunState, verb: str, reason: str | None = None) -> str:

@@ -121,7 +121,8 @@ class Policy(ABC):
 
 
 class Policies(Policy):
-    """Several policies asked in order; each run gets at most one decision (the first)."""
+    """Several policies asked in order; each run gets at most one stop or fail (the first).
+    Clones are not decisions about their parent: all of them are kept."""
 
     def __init__(self, policies: Iterable[Policy]) -> None:
         self.policies = list(policies)
@@ -134,9 +135,11 @@ class Policies(Policy):
         out = []
         for policy in self.policies:
             for d in policy.on_chunk_end(run, context):
-                if d.action == "clone" or d.run not in decided:
-                    decided.setdefault(d.run, d)
-                    out.append(d)
+                if d.action != "clone":
+                    if d.run in decided:
+                        continue
+                    decided[d.run] = d
+                out.append(d)
         return out
 
 

@@ -127,6 +127,10 @@ class RunState:
         self.move(RunStatus.FAILED)
         self.error = error
 
+    def copy(self) -> RunState:
+        """An independent copy (its knobs too)."""
+        return RunState.from_json(self.to_json())
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-friendly dict (status as its string value)."""
         return {

@@ -356,9 +356,8 @@ class RFTrainerMixin:
         config = spec.config
         run_dir = Path(self.args.output_dir) / "runs" / spec.name
         config.output_dir = str(run_dir)
-        kw = dict(spec.trainer_kwargs)
-        model = kw.pop("model")
-        peft_config = kw.pop("peft_config", None)
+        model = spec.trainer_kwargs["model"]
+        peft_config = spec.trainer_kwargs.get("peft_config")
         init_kwargs = dict(config.model_init_kwargs or {})
         quantization_config = shared.get("quantization_config")
         if quantization_config is not None and isinstance(model, str):
@@ -379,10 +378,8 @@ class RFTrainerMixin:
                 "embeddings for the length of train(), which would leak into the other runs "
                 "sharing it. Compare NEFTune settings in separate experiments for now."
             )
-        if kw.get("processing_class") is None:
-            if group.processing_class is None:
-                group.processing_class = _load_processing_class(group.base, config)
-            kw["processing_class"] = group.processing_class
+        if spec.trainer_kwargs.get("processing_class") is None and group.processing_class is None:
+            group.processing_class = _load_processing_class(group.base, config)
 
         if peft_config is not None:
             adapter = adapter_name(spec.index)
