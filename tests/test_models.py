@@ -101,3 +101,37 @@ def test_fast_activation_does_what_peft_set_adapter_does():
         layers = [[m.active_adapters for m in g.model.modules() if isinstance(m, BaseTunerLayer)]
                   for g in groups]
         assert layers[0] == layers[1] and layers[0] == [[name]] * len(layers[0])
+
+
+def test_detached_adapters_leave_the_module_tree_and_come_back_as_they_were():
+    loras = [tiny_lora_config(r=4), tiny_lora_config(r=8, target_modules=("q_proj", "k_proj")),
+             tiny_lora_config(r=2, modules_to_save=["lm_head"])]
+    group = ModelPool().group(build_model(build_tokenizer()), peft_config=loras[0],
+                              model_init_kwargs=None)
+    for i, lora in enumerate(loras):
+        group.add_adapter(adapter_name(i), lora, seed=i)
+    group.activate("rf0")
+    model = group.model
+    before = {n: id(p) for n, p in model.named_parameters()}
+    modules = len(list(model.modules()))
+    own = [id(p) for p in adapter_params(model, "rf1")]
+    ids = torch.arange(12).reshape(2, 6)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert group.detach("rf0") is False  # the active adapter stays
+    assert group.detach("rf2") is False  # modules_to_save keeps a per-adapter copy: stays
+    assert group.detach("rf1") is True and group.detach("rf1") is False
+    assert not any(".rf1." in n for n, _ in model.named_parameters())
+    assert len(list(model.modules())) < modules  # fewer modules for the Trainer to walk
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, logits)
+    group.attach("rf1")
+    assert {n: id(p) for n, p in model.named_parameters()} == before
+    assert [id(p) for p in adapter_params(model, "rf1")] == own
+    # Activating a detached adapter attaches it first.
+    group.detach("rf1")
+    group.activate("rf1")
+    assert model.active_adapter == "rf1"
+    assert [id(p) for p in adapter_params(model, "rf1")] == own
+    assert all(p.requires_grad for p in adapter_params(model, "rf1"))
+    assert not any(p.requires_grad for p in adapter_params(model, "rf0"))

@@ -44,21 +44,71 @@ def test_a_run_continues_only_in_the_best_1_over_eta_of_its_rung():
     sh = SuccessiveHalving("eval_loss", "min", eta=2)
     first = run("a", [3.0])
     assert sh.on_chunk_end("a", ctx(first)) == []  # alone at the rung: the best of one
-    second = run("b", [2.0])
-    assert sh.on_chunk_end("b", ctx(first, second)) == []  # best of two
+    second = run("b", [2.0], status=RunStatus.RUNNING)
+    # b is best of two; a, still waiting at the rung, is judged again and is out.
+    [d] = sh.on_chunk_end("b", ctx(first, second))
+    assert (d.run, d.action) == ("a", "stop")
+    assert d.reason == "rung 0: eval_loss 3 not in best 1/2 of 2 (1 better)"
     worst = run("c", [4.0])
-    [d] = sh.on_chunk_end("c", ctx(first, second, worst))
-    assert (d.run, d.action) == ("c", "stop")
-    assert d.reason == "rung 0: eval_loss 4 not in best 1/2 of 3"
+    stopped_a = run("a", [3.0], status=RunStatus.STOPPED)
+    [d] = sh.on_chunk_end("c", ctx(stopped_a, second, worst))
+    assert (d.run, d.action) == ("c", "stop")  # a stopped there still counts as a peer
+    assert d.reason == "rung 0: eval_loss 4 not in best 1/2 of 3 (2 better)"
     # Not a rung: nothing to decide.
     assert sh.on_chunk_end("x", ctx(run("x", [9.0, 9.0, 9.0]), second)) == []
+
+
+def test_runs_still_to_reach_the_rung_count_so_nothing_synchronous_halving_keeps_is_stopped():
+    sh = SuccessiveHalving(eta=2)
+    # Four runs; the two that arrived are 2nd and 3rd best of the final four.
+    arrived = [run("a", [2.0]), run("b", [3.0])]
+    coming = [run("c", []), run("d", [])]
+    assert sh.on_chunk_end("b", ctx(*arrived, *coming)) == []  # keep 2 of 4: both stay
+    # The best arrives: b is now out (two better of four); a stays.
+    c = run("c", [1.0])
+    assert [(d.run, d.action) for d in sh.on_chunk_end("c", ctx(*arrived, c, coming[1]))] \
+        == [("b", "stop")]
+    # A run stopped before the rung will not come: the rung is three runs, keep one.
+    gone = run("d", [], status=RunStatus.STOPPED)
+    assert [(d.run, d.action) for d in sh.on_chunk_end("c", ctx(*arrived, c, gone))] \
+        == [("a", "stop"), ("b", "stop")]
+
+
+def test_synchronous_halving_on_one_worker_whatever_the_arrival_order():
+    import random
+
+    sh = SuccessiveHalving(eta=2)
+    rng = random.Random(0)
+    for trial in range(20):
+        values = {f"r{i}": rng.choice([rng.random(), 0.5]) for i in range(16)}
+        order = list(values)
+        rng.shuffle(order)
+        runs = {n: run(n, []) for n in values}
+        stopped = set()
+        for name in order:  # least progress first: everyone reaches rung 0 before chunk 2
+            runs[name] = run(name, [values[name]])
+            for d in sh.on_chunk_end(name, ctx(*runs.values())):
+                assert d.action == "stop"
+                stopped.add(d.run)
+                runs[d.run] = run(d.run, [values[d.run]], status=RunStatus.STOPPED)
+        cut = sorted(values.values())[7]  # the 8th best; ties with it stay
+        assert stopped == {n for n, v in values.items() if v > cut}, trial
+
+
+def test_a_run_that_left_its_rung_is_not_judged_again():
+    sh = SuccessiveHalving(eta=2)
+    moved_on = run("a", [3.0, 2.9])  # one chunk past rung 0 (and chunk 2 is rung 1)
+    training = RunHistory("b", RunStatus.RUNNING, 1, 8, tuple(range(10, 90, 10)),
+                          ({"step": 10, "eval_loss": 3.5},), training=True)
+    best = run("c", [1.0])
+    assert sh.on_chunk_end("c", ctx(moved_on, training, best)) == []
 
 
 def test_mode_max_and_the_metric_without_its_eval_prefix():
     sh = SuccessiveHalving("accuracy", "max", eta=2)
     a, b = run("a", [0.9], metric="eval_accuracy"), run("b", [0.5], metric="eval_accuracy")
-    assert sh.on_chunk_end("a", ctx(a, b)) == []
-    assert [d.action for d in sh.on_chunk_end("b", ctx(a, b))] == ["stop"]
+    assert [(d.run, d.action) for d in sh.on_chunk_end("a", ctx(a, b))] == [("b", "stop")]
+    assert [(d.run, d.action) for d in sh.on_chunk_end("b", ctx(a, b))] == [("b", "stop")]
 
 
 def test_ties_at_the_cut_off_all_continue():

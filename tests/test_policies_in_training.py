@@ -59,6 +59,10 @@ def test_successive_halving_stops_the_worse_half_at_each_rung_with_reasons(tmp_p
         assert min(v for n, v in values.items() if n != o.run) < values[o.run]
     best = rf.best_run
     assert best.status == RunStatus.COMPLETED and best.name not in stopped
+    # Stopped runs left the shared model's module tree (their parameters live on).
+    slots = rf.engine.slots
+    names = [n for n, _ in slots[best.name].group.model.named_parameters()]
+    assert all(not any(f".{slots[s].adapter}." in n for n in names) for s in stopped)
 
 
 def test_a_persons_op_on_a_run_wins_over_the_policys(tmp_path):
@@ -105,3 +109,24 @@ def test_population_based_replaces_the_worse_run_by_a_warm_clone_of_the_better(t
     assert clone.knobs["learning_rate"] in (6e-3, 1.5e-3)
     assert rf.engine.slots["run-2"].state.parent == "run-1"
     assert rf.engine.slots["run-2"].state.warm_start
+
+
+def test_a_wall_clock_budget_spans_re_runs(tmp_path):
+    import json
+
+    out = tmp_path / "exp"
+    first = _trainer(out, Budget(max_total_steps=3), lrs=(1e-4, 3e-3))
+    first.train()
+    assert [r.status for r in first.runs] == [RunStatus.STOPPED] * 2
+    spent = json.loads((out / ".rapidfire" / "scheduler.json").read_text())["wall_seconds"]
+    assert spent > 0
+    # The re-run's own time is far under the budget; the experiment's is not.
+    again = _trainer(out, Budget(max_wall_seconds=spent), lrs=(1e-4, 3e-3))
+    again.resume("run-0")
+    again.resume("run-1")
+    again.train()
+    stops = [o for o in again.op_log if o.op == "stop"]
+    assert stops and all("budget spent" in o.result and f"of {spent:g} s" in o.result
+                         for o in stops)
+    assert [r.status for r in again.runs] == [RunStatus.STOPPED] * 2
+    assert sum(r.global_step for r in again.runs) < 24

@@ -124,6 +124,7 @@ class RunSlot:
     coroutine: RunCoroutine | None = None
     finished: bool = False
     error: str | None = None
+    last_op: str | None = None  # result of the last op applied to this run (this session)
     error_traceback: str | None = None
     train_output: Any = None
     compute_seconds: float = 0.0
@@ -184,6 +185,7 @@ class RunSlot:
             output_dir=str(self.run_dir),
             metrics=metrics,
             error=self.error or self.state.error,
+            last_op=self.last_op,
         )
 
 
@@ -302,6 +304,8 @@ class Engine:
         # Automatic control (see policies.py), asked by the first worker at every chunk end.
         self.policy: Policy | None = None
         self._policy_seen: dict[str, int] = {}
+        self._training_elsewhere: set[str] = set()  # runs other workers are training now
+        self._wall_before = 0.0  # training wall time of earlier sessions
         self._run_started: float | None = None
         self.slots: dict[str, RunSlot] = {}
         self.schedule: list[ChunkRecord] = []
@@ -570,6 +574,9 @@ class Engine:
                 slot.disk_state = _load_trainer_state(ckpt / "trainer_state.json")
 
     def _sync(self, st: Any) -> None:
+        self._training_elsewhere = {n for n, c in st.claims.items() if c.worker != self.worker.id}
+        if self.worker.rank == 0 and self._run_started is not None:
+            st.wall_seconds = self._wall_seconds()
         for name, record in st.runs.items():
             slot = self.slots.get(name)
             if slot is not None:
@@ -656,10 +663,20 @@ class Engine:
         self._resident = slot
         if slot.adapter is not None and slot.group.model.active_adapter != slot.adapter:
             slot.group.activate(slot.adapter)
+        self._detach_idle(slot.group)
         restore_accelerate_state(slot.accelerate)
         for obj, state in zip(slot.stateful, slot._stateful_states):
             obj.load_state_dict(copy.deepcopy(state))
         slot.rng.restore()
+
+    def _detach_idle(self, group: Any) -> None:
+        """Runs out of the rotation (stopped, finished, failed, deleted) leave the shared
+        model's module tree; their parameter objects stay with them (see
+        ``ModelGroup.detach``). ``activate`` brings one back when it is needed."""
+        for other in self.slots.values():
+            if (other.group is group and other.adapter is not None
+                    and not other.residency.resident and not other.state.status.schedulable):
+                group.detach(other.adapter)
 
     def _switch_out(self, slot: RunSlot) -> None:
         slot.rng = RngState.capture()
@@ -849,6 +866,9 @@ class Engine:
         try:
             if not self._registered:
                 self._register()
+            if self.worker.rank == 0:
+                with self.store.transaction(durable=False) as st:
+                    self._wall_before = st.wall_seconds
             self._progress.set_done(self._chunks_done())
             while not self.interrupted:
                 self._consult_policy()
@@ -937,27 +957,39 @@ class Engine:
         self._queued_ops.append((source, run, op, reason))
 
     def _consult_policy(self) -> None:
-        """Ask the policy about every chunk recorded since it was last asked (by any worker)
-        and queue its decisions as ops."""
+        """Ask the policy about every chunk finished since it was last asked (by any worker)
+        and queue its decisions as ops.
+
+        A chunk of this worker counts as finished as soon as it trained, before its checkpoint
+        is recorded: a decision must reach the scheduler before the next claim, and ops wait
+        for pending records anyway (``apply_ops`` acts on recorded boundaries).
+        """
         if self.policy is None or self.worker.rank != 0:
             return
-        fresh = [s for s in self.slots.values()
-                 if s.state.chunks_done > self._policy_seen.get(s.name, 0)]
+        done = {s.name: s.state.chunks_done for s in self.slots.values()}
+        for slot, _, record in self._pending_finishes:
+            done[slot.name] = max(done[slot.name], record.number + 1)
+        fresh = [s for s in self.slots.values() if done[s.name] > self._policy_seen.get(s.name, 0)]
         if not fresh:
             return
-        context = self._policy_context()
+        context = self._policy_context(done)
+        decided: set[tuple[str, str]] = set()
         for slot in fresh:
-            self._policy_seen[slot.name] = slot.state.chunks_done
+            self._policy_seen[slot.name] = done[slot.name]
             for d in self.policy.on_chunk_end(slot.name, context):
                 if d.action == "clone":
                     verb = "clone-warm" if d.warm else "clone"
                     text = f"{verb} {json.dumps(dict(d.overrides), default=str)}"
                 else:
+                    # Several fresh chunks can lead to the same verdict on a waiting run.
+                    if (d.run, d.action) in decided:
+                        continue
+                    decided.add((d.run, d.action))
                     text = d.action
                 self.queue_op(d.run, text, source=f"policy:{self.policy.name}",
                               reason=d.reason)
 
-    def _policy_context(self) -> Context:
+    def _policy_context(self, done: dict[str, int]) -> Context:
         runs = {}
         for s in self.slots.values():
             state = s.trainer.state if s.trainer is not None else None
@@ -965,14 +997,19 @@ class Engine:
                                              or s.disk_state.global_step > state.global_step):
                 state = s.disk_state
             runs[s.name] = RunHistory(
-                name=s.name, status=s.state.status, chunks_done=s.state.chunks_done,
+                name=s.name, status=s.state.status, chunks_done=done[s.name],
                 chunks_total=len(s.plan), chunk_ends=tuple(c.end_step for c in s.plan.chunks),
                 log=tuple(state.log_history) if state is not None else (), knobs=s.knobs,
-                parent=s.state.parent,
+                parent=s.state.parent, training=s.name in self._training_elsewhere,
             )
-        now = time.perf_counter()
-        running = now - self._run_started if self._run_started is not None else 0.0
-        return Context(runs, self.stats.wall + running)
+        return Context(runs, self._wall_seconds())
+
+    def _wall_seconds(self) -> float:
+        """Training wall time of the experiment: earlier sessions' (from the shared state)
+        plus this one's so far."""
+        running = (time.perf_counter() - self._run_started
+                   if self._run_started is not None else 0.0)
+        return self._wall_before + running
 
     def _ops_pending(self) -> bool:
         if self.worker.rank != 0:
@@ -1020,6 +1057,7 @@ class Engine:
                 elif run in self.slots:
                     self.tracker.set_tags(run, {"rapidfire.op.result": result})
             if run in self.slots:
+                self.slots[run].last_op = result
                 self._report(self.slots[run])
             if result.startswith("error") and source == "python":
                 warnings.warn(f"op {text!r} on {run}: {result}", RuntimeWarning, stacklevel=2)
@@ -1089,6 +1127,8 @@ class Engine:
                           "warm-start from (a finished run keeps only its final weights); use "
                           "`clone`")
         model = slot.group.model
+        if slot.adapter is not None:
+            slot.group.attach(slot.adapter)  # its parameters' names are read from the model
         own = {id(p) for p in slot.residency.params}
         named = [(n, p) for n, p in model.named_parameters() if id(p) in own]
         decay = set(slot.trainer.get_decay_parameter_names(model))

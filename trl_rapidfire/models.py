@@ -127,25 +127,22 @@ class ModelGroup:
     initial_weights: list[torch.Tensor] | None = None
     _tuner_layers: list[Any] | None = field(default=None, repr=False)
     _aux_modules: list[Any] | None = field(default=None, repr=False)
+    # adapter -> (container, key, value) entries taken out of the tuner layers by detach()
+    _detached: dict[str, list[tuple[Any, str, Any]]] = field(default_factory=dict, repr=False)
 
     def activate(self, name: str) -> None:
         """Make adapter ``name`` the active (and only trainable) one.
 
         Does what ``PeftModel.set_adapter`` does, on lists of the adapter layers found once
         instead of walking every module of the model at every switch (1 ms per switch on the
-        tiny test model, far more on a real one).
+        tiny test model, far more on a real one). A detached adapter is attached first.
         """
-        from peft.tuners.tuners_utils import BaseTunerLayer
-        from peft.utils.other import AuxiliaryTrainingWrapper
-
         model = self.model
         if model.peft_config[name].is_prompt_learning:
             model.set_adapter(name)
             return
-        if self._tuner_layers is None:
-            modules = list(model.modules())
-            self._tuner_layers = [m for m in modules if isinstance(m, BaseTunerLayer)]
-            self._aux_modules = [m for m in modules if isinstance(m, AuxiliaryTrainingWrapper)]
+        self.attach(name)
+        self._find_layers()
         model.active_adapter = name
         for module in self._aux_modules:
             target = module.check_set_adapter(name)
@@ -155,6 +152,56 @@ class ModelGroup:
                 layer.unmerge()
             layer.set_adapter(name)
         model.base_model.active_adapter = name
+
+    def _find_layers(self) -> None:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+        from peft.utils.other import AuxiliaryTrainingWrapper
+
+        if self._tuner_layers is None:
+            modules = list(self.model.modules())
+            self._tuner_layers = [m for m in modules if isinstance(m, BaseTunerLayer)]
+            self._aux_modules = [m for m in modules if isinstance(m, AuxiliaryTrainingWrapper)]
+
+    def detach(self, name: str) -> bool:
+        """Take adapter ``name``'s modules out of the model, keeping the very objects.
+
+        A run that is out of the rotation (stopped, finished, failed) keeps its parameter
+        objects, so its optimizer and parked state stay valid, but the model no longer walks
+        them: the Trainer calls ``model.train()``, ``zero_grad()`` and gradient clipping over
+        every module and parameter at every step, and with many adapters that Python-level walk
+        costs more than a tiny model's step. :meth:`attach` puts them back as they were.
+        Returns whether the adapter was detached (not the active one, not prompt learning,
+        no ``modules_to_save``/trainable-token wrappers, which keep per-adapter copies).
+        """
+        model = self.model
+        if (not self.peft or name in self._detached or name not in model.peft_config
+                or name == model.active_adapter or model.peft_config[name].is_prompt_learning):
+            return False
+        self._find_layers()
+        if any(name in getattr(m, "_adapters", ()) for m in self._aux_modules):
+            return False
+        taken = []
+        for layer in self._tuner_layers:
+            if name in layer.active_adapters:
+                return self._put_back(taken)
+            for attr in (*layer.adapter_layer_names, *layer.other_param_names):
+                container = getattr(layer, attr, None)
+                if isinstance(container, (dict, torch.nn.ModuleDict, torch.nn.ParameterDict)) \
+                        and name in container:
+                    taken.append((container, name, container[name]))
+                    del container[name]
+        self._detached[name] = taken
+        return True
+
+    def attach(self, name: str) -> None:
+        """Put a detached adapter's modules back (no-op if it is in the model)."""
+        self._put_back(self._detached.pop(name, []))
+
+    @staticmethod
+    def _put_back(taken: list[tuple[Any, str, Any]]) -> bool:
+        for container, key, value in taken:
+            container[key] = value
+        return False
 
     def add_adapter(self, name: str, peft_config: Any, seed: int) -> list[torch.nn.Parameter]:
         """Add run adapter ``name`` initialised exactly as ``SFTTrainer`` would initialise it

@@ -56,6 +56,8 @@ class RunHistory:
         log: the run's logged entries (``trainer.state.log_history``: dicts with ``step``).
         knobs: its knob values.
         parent: the run it was cloned from, if any.
+        training: a worker is training its next chunk right now (it has left its last
+            boundary: a decision about that boundary comes too late to save the chunk).
     """
 
     name: str
@@ -66,6 +68,7 @@ class RunHistory:
     log: tuple[Mapping[str, Any], ...] = ()
     knobs: Mapping[str, Any] = field(default_factory=dict)
     parent: str | None = None
+    training: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,14 +174,23 @@ def _check_mode(mode: str) -> None:
 class SuccessiveHalving(Policy):
     """Asynchronous successive halving (ASHA) over chunks.
 
-    Rungs are at ``min_chunks * eta**k`` chunks (k = 0, 1, ...). When a run finishes the chunk
-    of a rung, it continues only if its metric there is among the best ``1/eta`` of the values
-    every run reached that rung with so far (at least the single best): no waiting for slower
-    runs, so it works with many workers and with clones added mid-flight.
+    Rungs are at ``min_chunks * eta**k`` chunks (k = 0, 1, ...). A run at a rung continues
+    only if it is among the best ``1/eta`` of the runs at that rung. Nobody waits for slower
+    runs, so it works with many workers and with clones added mid-flight:
+
+    * the rung's size counts the runs that reached it *and* those that still can (runs in the
+      rotation with fewer chunks), so a run is stopped only once enough runs that are strictly
+      better have already arrived: it never stops a run that synchronous successive halving
+      over the same runs would keep;
+    * a run that waits at a rung (it has not started its next chunk) is judged again whenever
+      another run arrives there. With the scheduler's least-progress-first rule every run
+      waits at a rung until the others caught up, so on one worker the survivors are exactly
+      synchronous successive halving's; a run that moved on before the last arrivals keeps
+      its place (ASHA's rule: promotions are never taken back).
 
     Defined cases: a run with no value of ``metric`` at its rung yet continues (it is judged
     at its next rung); a NaN value fails the run, with the reason; runs tied at the cut-off all
-    continue; deleted runs do not count.
+    continue; deleted runs do not count; a run's last chunk is no rung (nothing left to save).
 
     Args:
         metric: a logged metric (``eval_loss``, ``loss``, ...; ``x`` also finds ``eval_x``).
@@ -207,24 +219,37 @@ class SuccessiveHalving(Policy):
         return k if ratio == 1 else None
 
     def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
-        me = context.runs[run]
-        chunks = me.chunks_done
+        chunks = context.runs[run].chunks_done
         rung = self.rung_of(chunks)
-        if rung is None or chunks >= me.chunks_total or not me.status.schedulable:
+        if rung is None:
             return []
-        mine = metric_at(me, self.metric, chunks)
-        if mine is None:
-            return []
-        if math.isnan(mine):
-            return [Decision(run, "fail", f"{self.metric} is NaN at rung {rung} "
-                                          f"({chunks} chunks)")]
-        peers = list(_values_at(context, self.metric, chunks).values())
-        keep = max(1, len(peers) // self.eta)
-        better = sum(1 for v in peers if (v < mine if self.mode == "min" else v > mine))
-        if better < keep:
-            return []
-        return [Decision(run, "stop", f"rung {rung}: {self.metric} {mine:.4g} not in best "
-                                      f"1/{self.eta} of {len(peers)}")]
+        peers = _values_at(context, self.metric, chunks)
+        to_come = sum(1 for h in context.runs.values()
+                      if h.status.schedulable and h.chunks_done < chunks <= h.chunks_total)
+        size = len(peers) + to_come
+        keep = max(1, size // self.eta)
+        out = []
+        # The run that just arrived first, then the ones waiting at the same rung.
+        waiting = sorted((h for h in context.runs.values() if h.chunks_done == chunks),
+                         key=lambda h: h.name != run)
+        for h in waiting:
+            if not h.status.schedulable or h.training or chunks >= h.chunks_total:
+                continue
+            mine = metric_at(h, self.metric, chunks)
+            if mine is None:
+                continue
+            if math.isnan(mine):
+                if h.name == run:  # a waiting run's NaN was decided when it arrived
+                    out.append(Decision(run, "fail", f"{self.metric} is NaN at rung {rung} "
+                                                     f"({chunks} chunks)"))
+                continue
+            better = sum(1 for v in peers.values()
+                         if (v < mine if self.mode == "min" else v > mine))
+            if better >= keep:
+                out.append(Decision(h.name, "stop", (
+                    f"rung {rung}: {self.metric} {mine:.4g} not in best 1/{self.eta} of "
+                    f"{size} ({better} better)")))
+        return out
 
 
 def _values_at(context: Context, metric: str, chunks: int) -> dict[str, float]:

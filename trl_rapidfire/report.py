@@ -37,15 +37,22 @@ def results_table(
     best: str | None = None,
 ) -> str:
     """One row per run: name (``*`` marks ``best``), status, steps, the latest value of each
-    metric in ``columns`` (header -> logged key), and the knobs."""
+    metric in ``columns`` (header -> logged key), the knobs and, if any run has one, the
+    result of the last op on it (who stopped it, and why)."""
     columns = dict(columns or DEFAULT_COLUMNS)
+    ops = any(run.last_op for run in runs)
     rows = []
     for run in runs:
         knobs = "  ".join(f"{k}={format_value(v)}" for k, v in run.knobs.items())
-        rows.append([run.name + ("*" if run.name == best else ""), run.status.value,
-                     run.global_step, *(format_value(run.metrics.get(k)) for k in columns.values()),
-                     knobs])
-    return table(["run", "status", "steps", *columns, "knobs"], rows)
+        row = [run.name + ("*" if run.name == best else ""), run.status.value,
+               run.global_step, *(format_value(run.metrics.get(k)) for k in columns.values()),
+               knobs]
+        if ops:
+            last = run.last_op or ""
+            row.append(last[4:] if last.startswith("ok: ") else last)
+        rows.append(row)
+    return table(["run", "status", "steps", *columns, "knobs", *(["last op"] if ops else [])],
+                 rows)
 
 
 def chunk_timeline(

@@ -26,6 +26,9 @@ class RunResult:
         metrics: the latest value of every metric the run logged (``loss``, ``eval_loss``,
             ``learning_rate``, ...) and, once finished, its ``train_*`` summary.
         error: the error a failed run raised.
+        last_op: the result of the last control op on this run in this session (a person's,
+            or a policy's with its reason), e.g. ``ok: stopped at step 16 by
+            SuccessiveHalving rung 0: ...``; the whole history is ``<output_dir>/ops.csv``.
     """
 
     name: str
@@ -35,6 +38,7 @@ class RunResult:
     output_dir: str
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    last_op: str | None = None
 
     @property
     def final_dir(self) -> str:

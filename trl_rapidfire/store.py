@@ -77,6 +77,8 @@ class ExperimentState:
             script queued before training); the other workers of a launch wait for it.
         clones: run name -> how a clone was made (``{"parent": ..., "op": ...}``), so that
             every worker, and a re-run, can build it again.
+        wall_seconds: the experiment's training wall time over all its sessions, kept by the
+            first worker (a wall-clock budget spans re-runs).
     """
 
     fingerprint: str
@@ -88,6 +90,7 @@ class ExperimentState:
     last_run: dict[str, str] = field(default_factory=dict)
     ready: str = ""
     clones: dict[str, dict[str, str]] = field(default_factory=dict)
+    wall_seconds: float = 0.0
 
     def add_run(self, name: str, chunks_total: int, knobs: dict[str, Any] | None = None) -> None:
         if name in self.runs:
@@ -103,7 +106,7 @@ class ExperimentState:
             "chunks_total": self.chunks_total, "order": self.order,
             "claims": {n: asdict(c) for n, c in self.claims.items()},
             "owner": self.owner, "last_run": self.last_run, "clones": self.clones,
-            "ready": self.ready,
+            "ready": self.ready, "wall_seconds": self.wall_seconds,
         }
 
     @classmethod
@@ -121,6 +124,7 @@ class ExperimentState:
             last_run=dict(doc.get("last_run", {})),
             ready=str(doc.get("ready", "")),
             clones={n: dict(c) for n, c in doc.get("clones", {}).items()},
+            wall_seconds=float(doc.get("wall_seconds", 0.0)),
         )
 
     def live_claims(self) -> bool:
