@@ -377,3 +377,15 @@ def test_fields_set_after_construction_reach_every_run(cpu):
     config.learning_rate = 5e-4  # no longer a knob
     assert set(config.knobs) == {"lr_scheduler_type"}
     assert config.concrete_config({"lr_scheduler_type": "linear"}).learning_rate == 5e-4
+
+
+def test_every_candidate_of_an_fsdp_config_knob_is_mapped(cpu):
+    from trl_rapidfire import List
+
+    with pytest.warns(FutureWarning, match="offload_params"):
+        cfg = RFSFTConfig(**cpu, fsdp="full_shard auto_wrap",
+                          fsdp_config=List([{"offload_params": True},
+                                            {"offload_params": False}]))
+    plugin = [cfg.concrete_config({"fsdp_config": v}).fsdp_plugin_args.get("cpu_offload", False)
+              for v in cfg.knobs["fsdp_config"].values]
+    assert plugin == [True, False]

@@ -142,3 +142,70 @@ def test_a_run_stopped_during_its_last_chunk_completes_when_the_chunk_ends(tmp_p
         state.runs["run-0"].move(RunStatus.STOPPED)
         assert finish_chunk(state, "run-0", "w", 0)
     assert store.read().runs["run-0"].status == RunStatus.COMPLETED
+
+
+# ---- gangs (runs trained by several workers together, e.g. FSDP) ------------------------------
+
+
+def _alive(*dead):
+    return lambda worker: worker not in dead
+
+
+def test_a_gang_forms_from_the_next_workers_to_ask_and_records_its_chunk_once(tmp_path):
+    from trl_rapidfire.store import finish_gang_chunk, gang_ready
+
+    store = _store(tmp_path, runs=3)
+    with store.transaction() as state:
+        state.gang_size["run-1"] = 2
+        assert claim_next(state, "w0", now=0, lease_seconds=LEASE, alive=_alive()) \
+            == ("run-0", 0)
+        # w1 is given the gang run (next by the rule) and waits: the gang needs 2 workers.
+        assert claim_next(state, "w1", now=0, lease_seconds=LEASE, alive=_alive()) \
+            == ("run-1", 0)
+        assert gang_ready(state) is False
+        assert finish_chunk(state, "run-0", "w0", 0)
+        # w0 is done with run-0; run-2 has less progress, but a forming gang comes first.
+        assert claim_next(state, "w0", now=1, lease_seconds=LEASE, alive=_alive()) \
+            == ("run-1", 0)
+        assert gang_ready(state) is True
+        assert finish_gang_chunk(state, "run-1", "w1", 0, global_step=4) is None  # not last
+        assert state.runs["run-1"].chunks_done == 0
+        assert finish_gang_chunk(state, "run-1", "w0", 0, global_step=4) is True
+        assert state.gang is None and "run-1" not in state.claims
+        assert state.runs["run-1"].chunks_done == 1 and state.runs["run-1"].global_step == 4
+        # Single runs again.
+        assert claim_next(state, "w0", now=2, lease_seconds=LEASE, alive=_alive()) \
+            == ("run-2", 0)
+    assert store.read().gang is None
+
+
+def test_a_gang_breaks_up_when_a_member_dies_and_its_chunk_is_trained_again(tmp_path):
+    from trl_rapidfire.store import finish_gang_chunk, gang_ready
+
+    store = _store(tmp_path, runs=1)
+    with store.transaction() as state:
+        state.gang_size["run-0"] = 2
+        claim_next(state, "w0", now=0, lease_seconds=LEASE, alive=_alive())
+        claim_next(state, "w1", now=0, lease_seconds=LEASE, alive=_alive())
+        assert gang_ready(state) is True
+        # w1 dies mid-chunk: the next claim by w0 finds the gang gone and forms a new one.
+        assert claim_next(state, "w0", now=1, lease_seconds=LEASE, alive=_alive("w1")) \
+            == ("run-0", 0)
+        assert state.gang["members"] == ["w0"] and gang_ready(state) is False
+        assert finish_gang_chunk(state, "run-0", "w1", 0) is False  # the dead one's work
+        assert state.runs["run-0"].chunks_done == 0
+
+
+def test_a_member_leaving_ends_the_gang_and_the_state_round_trips(tmp_path):
+    from trl_rapidfire.store import release
+
+    store = _store(tmp_path, runs=1)
+    with store.transaction() as state:
+        state.gang_size["run-0"] = 2
+        claim_next(state, "w0", now=0, lease_seconds=LEASE, alive=_alive())
+    doc = json.loads((tmp_path / ".rapidfire" / "scheduler.json").read_text())
+    assert doc["gang"] == {"run": "run-0", "chunk": 0, "members": ["w0"], "done": []}
+    assert doc["gang_size"] == {"run-0": 2}
+    with store.transaction() as state:
+        assert release(state, "run-0", "w0")
+        assert state.gang is None and not state.claims

@@ -25,9 +25,13 @@ from typing import Any, ClassVar
 
 from trl import DPOConfig, GRPOConfig, SFTConfig
 
-from .accelerate_state import preserved_accelerate_state
+from .accelerate_state import (
+    preserved_accelerate_state,
+    restore_accelerate_state,
+    snapshot_accelerate_state,
+)
 from .knobs import Knob, List, Range, is_knob, knob_from_json
-from .workers import detach_from_launch
+from .workers import current_worker, detach_from_launch, in_launch_world
 
 __all__ = [
     "RFConfigError",
@@ -36,6 +40,7 @@ __all__ = [
     "RFDPOConfig",
     "RFGRPOConfig",
     "CHUNK",
+    "is_gang_config",
     "normalize_fsdp_config",
 ]
 
@@ -283,8 +288,15 @@ class RFConfigMixin:
         raw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         knobs = self._collect_knobs(raw)
         self._check_rf_fields(raw)
-        if raw.get("fsdp_config") and isinstance(raw["fsdp_config"], Mapping):
-            raw["fsdp_config"] = normalize_fsdp_config(raw["fsdp_config"])
+        fsdp_config = raw.get("fsdp_config")
+        if fsdp_config and isinstance(fsdp_config, Mapping):
+            raw["fsdp_config"] = normalize_fsdp_config(fsdp_config)
+        elif isinstance(fsdp_config, List):
+            # Every candidate is mapped: a seed-era key must not be ignored in any run.
+            raw["fsdp_config"] = knobs["fsdp_config"] = List([
+                normalize_fsdp_config(v) if isinstance(v, Mapping) else v
+                for v in fsdp_config.values
+            ])
         if raw.get("warmup_ratio") is not None:
             warnings.warn(
                 "`warmup_ratio` was removed in transformers 5; trl-rapidfire passes it on as "
@@ -440,6 +452,8 @@ class RFConfigMixin:
             raise RFConfigError(f"No value chosen for knob(s) {missing}.")
         kwargs = self._parent_kwargs({**choices, **overrides})
         kwargs = {k: _copied(v) for k, v in kwargs.items()}
+        if kwargs.get("fsdp"):
+            return _gang_config(self._trl_parent, kwargs)
         with preserved_accelerate_state():
             return self._trl_parent(**kwargs)
 
@@ -450,6 +464,35 @@ class RFConfigMixin:
         for name, knob in self._rf_knobs.items():
             out[name] = knob.to_json()
         return out
+
+
+def is_gang_config(config: Any) -> bool:
+    """Whether a concrete config's run is trained by a gang of workers (it sets ``fsdp``)."""
+    return bool(getattr(config, "fsdp", None))
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _gang_config(parent: type, kwargs: dict[str, Any]) -> Any:
+    """Build an FSDP run's TRL config. Under a launch it is built in the launch's world (the
+    run is trained by all workers as one distributed job), leaving the process's accelerate
+    state as it was; outside one it is built as any config (to inspect or validate it: the
+    trainer refuses to train it)."""
+    if not current_worker().launched:
+        with preserved_accelerate_state():
+            return parent(**kwargs)
+    if kwargs.get("ddp_backend") is None and not _cuda():
+        kwargs["ddp_backend"] = "gloo"  # the only process group a CPU machine has
+    saved = snapshot_accelerate_state()
+    try:
+        with in_launch_world():
+            return parent(**kwargs)
+    finally:
+        restore_accelerate_state(saved)
 
 
 def _check_warmup_ratio(ratio: Any, warmup_steps: Any) -> None:

@@ -76,6 +76,29 @@ def write_atomically(target: str | os.PathLike, write: Callable[[Path], None]) -
         raise
 
 
+def write_atomically_together(target: str | os.PathLike,
+                              write: Callable[[Path], None]) -> Path:
+    """:func:`write_atomically` for the workers of a gang (one distributed job): each writes
+    its part (its random streams, its shard) into one shared temporary folder, and the first
+    renames it to ``target`` once every member is done. Every member must call it."""
+    import torch.distributed as dist
+
+    target = Path(target)
+    tmp = target.with_name(f".gang-{target.name}")
+    first = dist.get_rank() == 0
+    if first:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    dist.barrier()
+    write(tmp)
+    dist.barrier()
+    if first:
+        commit_folder(tmp, target)
+    dist.barrier()
+    return target
+
+
 def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
     if not folder.is_dir():
         return []

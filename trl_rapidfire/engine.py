@@ -54,6 +54,7 @@ from .durable import (
     prune_checkpoints,
     run_state_from_checkpoint,
     write_atomically,
+    write_atomically_together,
 )
 from .knobs import describe_value
 from .models import ModelGroup, ModelPool
@@ -70,6 +71,8 @@ from .store import (
     expire,
     fail_claimed,
     finish_chunk,
+    finish_gang_chunk,
+    gang_ready,
     release,
     renew,
 )
@@ -125,6 +128,7 @@ class RunSlot:
     finished: bool = False
     error: str | None = None
     last_op: str | None = None  # result of the last op applied to this run (this session)
+    gang: int = 0  # > 0: trained by this many workers together (an FSDP run); 0: by one
     error_traceback: str | None = None
     train_output: Any = None
     compute_seconds: float = 0.0
@@ -306,6 +310,8 @@ class Engine:
         self._policy_seen: dict[str, int] = {}
         self._training_elsewhere: set[str] = set()  # runs other workers are training now
         self._wall_before = 0.0  # training wall time of earlier sessions
+        self._train_calls = 0  # run() calls so far (the same in every worker of a launch)
+        self.gang_wait_seconds = 1800.0  # longest wait for a gang's members to join
         self._run_started: float | None = None
         self.slots: dict[str, RunSlot] = {}
         self.schedule: list[ChunkRecord] = []
@@ -365,8 +371,10 @@ class Engine:
         run_dir: Path,
         chunk_eval: bool = False,
         chunk_save: bool = False,
+        gang: int = 0,
     ) -> RunSlot:
-        """Register a freshly built trainer as a run.
+        """Register a freshly built trainer as a run (``gang``: trained by that many workers
+        together, e.g. FSDP; its trainer was built in the launch's world).
 
         Call right after building the trainer: its RNG streams and accelerate's state are
         captured now, as the run's starting point (what they would be in a script that built
@@ -383,6 +391,11 @@ class Engine:
             num_batches = n // batch if args.dataloader_drop_last else math.ceil(n / batch)
         else:
             num_batches = max(args.max_steps, 1) * args.gradient_accumulation_steps
+        if gang > 1 and args.max_steps <= 0:
+            # Each member sees its shard of the batches (accelerate's even split); the plan
+            # must be right before train() starts, for a run continued from its checkpoint.
+            num_batches = (num_batches // gang if args.dataloader_drop_last
+                           else math.ceil(num_batches / gang))
         step_multiple = getattr(trainer, "_rf_step_multiple", lambda: 1)()
         plan = self.plan_for(name, num_batches, args, step_multiple=step_multiple)
         slot = RunSlot(
@@ -399,7 +412,11 @@ class Engine:
             chunk_save=chunk_save,
             step_multiple=step_multiple,
             checkpoints=self.checkpoint_root / name,
+            gang=gang,
         )
+        if gang:
+            # Its own model (sharded by its trainer) stays where it is: nothing to park.
+            slot.residency.resident = False
         self._attach(slot, trainer)
         self.slots[name] = slot
         return slot
@@ -464,6 +481,14 @@ class Engine:
             rng = slot._epoch_end_rng[1]
         slot._epoch_end_rng = None
         target = slot.checkpoints / f"checkpoint-{step}"
+        if slot.gang:
+            # Written now, by every member together (collectives); only the first prunes.
+            slot.trainer._rf_save_gang_boundary(target, rng)
+            if self.worker.rank == 0:
+                prune_checkpoints(slot.checkpoints, keep=(
+                    target, slot.checkpoints / f"checkpoint-{slot.state.global_step}"))
+            slot.write = None
+            return
         finish = slot.trainer._rf_save_boundary(target, rng)
         # The checkpoint of the last boundary the shared state has recorded stays until this
         # one is recorded too (a crash in between resumes from it); older ones go.
@@ -490,7 +515,10 @@ class Engine:
                 "metrics": out.metrics,
             }, default=float), encoding="utf-8")
 
-        write_atomically(slot.final_dir, write)
+        if slot.gang:
+            write_atomically_together(slot.final_dir, write)
+        else:
+            write_atomically(slot.final_dir, write)
 
     def _run_main(self, slot: RunSlot) -> None:
         slot._resumed_at = time.perf_counter()
@@ -517,6 +545,8 @@ class Engine:
         that an earlier process (a killed experiment) or another worker left."""
         with self.store.transaction() as st:
             for slot in self.slots.values():
+                if slot.gang:
+                    st.gang_size[slot.name] = slot.gang
                 if slot.name not in st.runs:
                     st.add_run(slot.name, len(slot.plan), _json_knobs(slot.knobs))
                     if slot.trainer is None:
@@ -601,9 +631,12 @@ class Engine:
             clones = self._unbuilt_clones(st)
             # Under a launch nothing trains before the first worker has applied the ops its
             # script queued before train() (e.g. a stop).
-            held = self.worker.launched and st.ready != self.worker.launch
+            # Per train() call: a script that stops, resumes and trains again queues ops
+            # before each call, and every worker makes the same calls.
+            token = f"{self.worker.launch}#{self._train_calls}"
+            held = self.worker.launched and st.ready != token
             if held and self.worker.rank == 0:
-                st.ready, held = self.worker.launch, False
+                st.ready, held = token, False
             writing = {slot.name: w for slot, w, _ in self._pending_finishes}
             if not clones and not held and writing:
                 # A run whose checkpoint is still being written stays claimed by this worker;
@@ -645,6 +678,13 @@ class Engine:
 
     def _switch_in(self, slot: RunSlot) -> None:
         prev = self._resident
+        if slot.gang:
+            # Its own model; only the single-device run that trained last gives its place.
+            if prev is not None and prev is not slot and prev.residency.resident:
+                prev.residency.park(self.cache, prev.trainer.optimizer)
+            self._resident = slot
+            self._restore_run_state(slot)
+            return
         if prev is not None and prev is not slot and prev.residency.resident:
             prev.residency.park(self.cache, prev.trainer.optimizer)
         if self.pool is not None:
@@ -664,6 +704,9 @@ class Engine:
         if slot.adapter is not None and slot.group.model.active_adapter != slot.adapter:
             slot.group.activate(slot.adapter)
         self._detach_idle(slot.group)
+        self._restore_run_state(slot)
+
+    def _restore_run_state(self, slot: RunSlot) -> None:
         restore_accelerate_state(slot.accelerate)
         for obj, state in zip(slot.stateful, slot._stateful_states):
             obj.load_state_dict(copy.deepcopy(state))
@@ -726,6 +769,9 @@ class Engine:
                 self._fail(slot)
                 self._after_turn(slot)
                 return
+        if slot.gang and not self._wait_for_gang(slot):
+            self._claimed = None  # a member is gone: the chunk will be trained again
+            return
         chunk = slot.plan.chunks[chunk_number] if chunk_number < len(slot.plan) else None
         start_step = chunk.start_step if chunk is not None else slot.state.global_step
         self._switch_in(slot)
@@ -750,6 +796,13 @@ class Engine:
 
         if slot.error is not None:
             self._fail(slot)
+        elif slot.gang and (end_step > start_step or slot.finished):
+            self._finish_gang_chunk(slot, ChunkRecord(
+                run=slot.name, epoch=chunk.epoch if chunk else 0,
+                chunk=chunk.index if chunk else 0, number=chunk_number,
+                worker=self.worker.rank, start_time=t0, end_time=t1,
+                start_step=start_step, end_step=end_step,
+            ))
         elif end_step > start_step or slot.finished:
             # Recorded once its checkpoint is on disk, in the transaction of a later claim
             # (one lock and write per chunk, not two).
@@ -765,6 +818,64 @@ class Engine:
             with self.store.transaction() as st:
                 release(st, slot.name, self.worker.id)
                 self._sync(st)
+        self._after_turn(slot)
+
+    def _wait_for_gang(self, slot: RunSlot) -> bool:
+        """Until every member of the gang has joined (they join as they finish the chunk
+        they are training); ``False`` if the gang broke up (a member died) or could not form
+        within ``gang_wait_seconds`` (then the run fails, saying why)."""
+        deadline = time.time() + self.gang_wait_seconds
+        while True:
+            with self.store.transaction(durable=False) as st:
+                expire(st, now=time.time())
+                ready = gang_ready(st)
+                if ready is None or st.gang["run"] != slot.name:
+                    return False
+                if not ready and time.time() > deadline:
+                    joined = len(st.gang["members"])
+                    release(st, slot.name, self.worker.id)
+                    slot.error = (f"its gang of {slot.gang} workers did not form within "
+                                  f"{self.gang_wait_seconds:g} s ({joined} joined): are all "
+                                  "the launch's workers still in train()?")
+                    st.runs[slot.name].fail(slot.error)
+                    self._sync(st)
+                    self._after_turn(slot)
+                    return False
+                renew(st, slot.name, self.worker.id, now=time.time(),
+                      lease_seconds=self.lease_seconds)
+            if ready:
+                return True
+            time.sleep(self.idle_wait)
+
+    def _wait_for_gang_record(self) -> None:
+        """If this worker has done its share of a gang chunk, wait until the chunk is
+        recorded (by the last member): ops act on recorded boundaries."""
+        if not any(slot.gang for slot in self.slots.values()):
+            return
+        while True:
+            with self.store.transaction(durable=False) as st:
+                expire(st, now=time.time())  # a member that died ends the gang
+                if st.gang is None or self.worker.id not in st.gang["done"]:
+                    return
+            time.sleep(self.idle_wait)
+
+    def _finish_gang_chunk(self, slot: RunSlot, record: ChunkRecord) -> None:
+        """This member's share of the chunk (and of its checkpoint) is done: record it; the
+        last member to get here records the chunk itself."""
+        with self.store.transaction() as st:
+            st.chunks_total[slot.name] = len(slot.plan)
+            last = finish_gang_chunk(st, slot.name, self.worker.id, record.number,
+                                     global_step=record.end_step, complete=slot.finished)
+            if last:
+                append_schedule_row(record, self.schedule_path)
+            if last is not False:
+                self.schedule.append(record)
+                slot.local_chunks = record.number + 1 if not slot.finished else len(slot.plan)
+            else:
+                warnings.warn(f"{slot.name}: its gang broke up during chunk {record.number}; "
+                              "the chunk is trained again.", RuntimeWarning, stacklevel=3)
+                slot.local_chunks = -1
+            self._sync(st)
         self._after_turn(slot)
 
     def _record_finishes(self, st: Any, *, wait: bool = False) -> list[RunSlot]:
@@ -812,6 +923,7 @@ class Engine:
             self._progress.chunk_done(self.results(), self._chunks_done())
 
     def _flush_finishes(self) -> None:
+        self._wait_for_gang_record()
         if self._pending_finishes:
             with self.store.transaction() as st:
                 slots = self._record_finishes(st, wait=True)
@@ -860,6 +972,7 @@ class Engine:
             else:
                 self.tracker.polling.clear()
         started = self._run_started = time.perf_counter()
+        self._train_calls += 1
         ok = False
         self.interrupted = False
         previous_handler = _install_sigint(self)

@@ -39,6 +39,8 @@ __all__ = [
     "expire",
     "fail_claimed",
     "finish_chunk",
+    "finish_gang_chunk",
+    "gang_ready",
     "release",
     "renew",
 ]
@@ -79,6 +81,10 @@ class ExperimentState:
             every worker, and a re-run, can build it again.
         wall_seconds: the experiment's training wall time over all its sessions, kept by the
             first worker (a wall-clock budget spans re-runs).
+        gang_size: run name -> how many workers train it together (FSDP runs: all of them).
+        gang: the gang forming or training now, if any: ``{"run", "chunk", "members",
+            "done"}`` (worker ids). While it exists every worker that asks for work joins it,
+            so it fills as soon as the others finish the chunk they are training.
     """
 
     fingerprint: str
@@ -91,6 +97,8 @@ class ExperimentState:
     ready: str = ""
     clones: dict[str, dict[str, str]] = field(default_factory=dict)
     wall_seconds: float = 0.0
+    gang_size: dict[str, int] = field(default_factory=dict)
+    gang: dict[str, Any] | None = None
 
     def add_run(self, name: str, chunks_total: int, knobs: dict[str, Any] | None = None) -> None:
         if name in self.runs:
@@ -107,6 +115,7 @@ class ExperimentState:
             "claims": {n: asdict(c) for n, c in self.claims.items()},
             "owner": self.owner, "last_run": self.last_run, "clones": self.clones,
             "ready": self.ready, "wall_seconds": self.wall_seconds,
+            "gang_size": self.gang_size, "gang": self.gang,
         }
 
     @classmethod
@@ -125,6 +134,8 @@ class ExperimentState:
             ready=str(doc.get("ready", "")),
             clones={n: dict(c) for n, c in doc.get("clones", {}).items()},
             wall_seconds=float(doc.get("wall_seconds", 0.0)),
+            gang_size={n: int(v) for n, v in doc.get("gang_size", {}).items()},
+            gang=doc.get("gang"),
         )
 
     def live_claims(self) -> bool:
@@ -145,6 +156,15 @@ def claim_next(
     (their state is live here).
     """
     expire(state, now=now, alive=alive)
+    gang = state.gang
+    if gang is not None:
+        if worker in gang["done"]:
+            return None  # its part is done: wait for the others to finish theirs
+        # Nobody starts a single run while a gang forms: it fills within one chunk's time.
+        if worker not in gang["members"]:
+            gang["members"].append(worker)
+        state.last_run[worker] = gang["run"]
+        return gang["run"], gang["chunk"]
     name = choose(state, worker)
     if name is None:
         return None
@@ -153,7 +173,42 @@ def claim_next(
         run.move(RunStatus.RUNNING)
     state.claims[name] = Claim(worker, run.chunks_done, now + lease_seconds)
     state.last_run[worker] = name
+    if name in state.gang_size:
+        state.gang = {"run": name, "chunk": run.chunks_done, "members": [worker], "done": []}
     return name, run.chunks_done
+
+
+def gang_ready(state: ExperimentState) -> bool | None:
+    """Whether the gang has all its members (``None``: no gang any more, e.g. it broke up
+    because a member died)."""
+    gang = state.gang
+    if gang is None:
+        return None
+    return len(gang["members"]) >= state.gang_size[gang["run"]]
+
+
+def finish_gang_chunk(state: ExperimentState, run: str, worker: str, chunk: int, *,
+                      global_step: int | None = None, complete: bool = False) -> bool | None:
+    """A gang member finished ``chunk`` of ``run`` (its share of the checkpoint is written).
+
+    The last member to finish records the chunk, as :func:`finish_chunk` does, and ends the
+    gang. Returns ``True`` for that member, ``None`` for the others, ``False`` if the gang is
+    gone (a member died and the chunk is trained again).
+    """
+    gang = state.gang
+    if gang is None or gang["run"] != run or gang["chunk"] != chunk \
+            or worker not in gang["members"]:
+        return False
+    if worker not in gang["done"]:
+        gang["done"].append(worker)
+    if len(gang["done"]) < len(gang["members"]):
+        return None
+    claim = state.claims.get(run)
+    state.gang = None
+    if claim is None:
+        return False
+    return finish_chunk(state, run, claim.worker, chunk, global_step=global_step,
+                        complete=complete)
 
 
 def choose(state: ExperimentState, worker: str,
@@ -181,6 +236,15 @@ def expire(state: ExperimentState, *, now: float,
         if claim.lease_until <= now or alive(claim.worker) is False:
             del state.claims[name]
             dropped.append(name)
+    gang = state.gang
+    if gang is not None and (gang["run"] in dropped or gang["run"] not in state.claims
+                             or any(alive(w) is False for w in gang["members"])):
+        # A member is gone: the others are stuck in (or will fail out of) a collective; the
+        # chunk is trained again from the last boundary once a gang forms anew.
+        state.claims.pop(gang["run"], None)
+        state.gang = None
+        if gang["run"] not in dropped:
+            dropped.append(gang["run"])
     return dropped
 
 
@@ -225,6 +289,10 @@ def finish_chunk(state: ExperimentState, run: str, worker: str, chunk: int, *,
 def fail_claimed(state: ExperimentState, run: str, worker: str, error: str) -> bool:
     """The run failed in ``worker``'s hands: release the claim and mark it failed."""
     claim = state.claims.get(run)
+    gang = state.gang
+    if gang is not None and gang["run"] == run and worker in gang["members"]:
+        state.gang = None  # a gang run fails for all its members
+        claim = claim and Claim(worker, claim.chunk, claim.lease_until)
     if claim is None or claim.worker != worker:
         return False
     del state.claims[run]
@@ -236,6 +304,11 @@ def fail_claimed(state: ExperimentState, run: str, worker: str, error: str) -> b
 
 def release(state: ExperimentState, run: str, worker: str) -> bool:
     """Give a claim back unfinished (the worker is leaving); the chunk will be trained again."""
+    gang = state.gang
+    if gang is not None and gang["run"] == run and worker in gang["members"]:
+        state.gang = None  # the others cannot train it without this worker
+        state.claims.pop(run, None)
+        return True
     claim = state.claims.get(run)
     if claim is None or claim.worker != worker:
         return False

@@ -17,14 +17,24 @@ would see too.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import socket
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["WorkerInfo", "current_worker", "detach_from_launch", "process_alive"]
+__all__ = [
+    "WorkerInfo",
+    "current_worker",
+    "detach_from_launch",
+    "in_launch_world",
+    "process_alive",
+]
 
 _RECORD = "TRL_RAPIDFIRE_WORKER"
+_LAUNCH_RECORD = "TRL_RAPIDFIRE_LAUNCH_ENV"  # the launcher's variables, as JSON
 # What torchrun / accelerate launch set for a distributed process; transformers and accelerate
 # decide on DDP from them.
 _LAUNCH_VARS = (
@@ -95,6 +105,8 @@ def detach_from_launch() -> WorkerInfo:
                   f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}")
     info = WorkerInfo(rank, local_rank, world, uuid.uuid4().hex[:8], launch.replace(",", ";"))
     if world > 1:
+        launch_env = {n: os.environ[n] for n in _LAUNCH_VARS if n in os.environ}
+        os.environ[_LAUNCH_RECORD] = json.dumps({"pid": os.getpid(), "env": launch_env})
         for name in _LAUNCH_VARS:
             os.environ.pop(name, None)
         _pin_device(local_rank)
@@ -102,6 +114,40 @@ def detach_from_launch() -> WorkerInfo:
     os.environ[_RECORD] = (f"{rank},{local_rank},{world},{os.getpid()},{info.token},"
                            f"{info.launch}")
     return info
+
+
+@contextlib.contextmanager
+def in_launch_world() -> Iterator[WorkerInfo]:
+    """Re-enter the launcher's world for the body: its variables are back in the environment
+    and accelerate's state is cleared, so a ``TrainingArguments``/``Accelerator`` built here
+    sees all the launch's workers (a gang run, e.g. FSDP). The first time, that joins the
+    launch's process group (every worker must get here: building a gang run's config and
+    trainer happens in the same order in every worker, which runs the same script).
+
+    Afterwards the environment is as it was; the caller restores accelerate's state (the
+    engine keeps one snapshot per run).
+    """
+    from accelerate.state import AcceleratorState
+
+    info = current_worker()
+    record = json.loads(os.environ.get(_LAUNCH_RECORD, "{}"))
+    if not info.launched or record.get("pid") != os.getpid():
+        raise RuntimeError("not launched: there is no launch world to enter")
+    # Exactly what the launcher gave this process (torchrun's workers, e.g., must connect to
+    # its agent's rendezvous store rather than open one: TORCHELASTIC_USE_AGENT_STORE).
+    values = dict(record["env"])
+    saved = {name: os.environ.get(name) for name in _LAUNCH_VARS}
+    os.environ.update(values)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        yield info
+    finally:
+        # accelerate writes some of these itself (on CPU): put every one back as it was.
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _pin_device(local_rank: int) -> None:

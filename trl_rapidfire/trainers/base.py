@@ -28,9 +28,13 @@ from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 from transformers.integrations import MLflowCallback
 from transformers.trainer_utils import TrainOutput
 
-from ..accelerate_state import preserved_accelerate_state
+from ..accelerate_state import (
+    preserved_accelerate_state,
+    restore_accelerate_state,
+    snapshot_accelerate_state,
+)
 from ..cache import StateCache, load_tree
-from ..configs import RFConfigError, RFConfigMixin
+from ..configs import RFConfigError, RFConfigMixin, is_gang_config
 from ..control import Op, OpError, OpRecord, resolve_overrides
 from ..durable import commit_folder, start_folder
 from ..engine import Engine, RunFailure
@@ -42,6 +46,7 @@ from ..results import RunResult, pick_best
 from ..schedule import ChunkRecord
 from ..search import GridSearch, RunSpec, Search
 from ..store import FileStore, StoreError
+from ..workers import current_worker, in_launch_world
 
 __all__ = ["RFTrainerMixin", "RunTrainerMixin"]
 
@@ -103,6 +108,41 @@ class RunTrainerMixin:
             super()._save(output_dir, state_dict)
         finally:
             del model.save_pretrained
+
+    def _rf_save_gang_boundary(self, target: Path, rng: Any = None) -> Path:
+        """A gang run's checkpoint at a chunk boundary, written now by every member together
+        with the Trainer's own routines (they know FSDP: sharded or gathered weights and
+        optimizer state; each member's random streams in ``rng_state_<rank>.pth``)."""
+        from transformers.trainer import TRAINER_STATE_NAME
+        from transformers.trainer_callback import ExportableState
+
+        from ..durable import write_atomically_together
+        from ..switch import RngState
+
+        def write(tmp: Path) -> None:
+            self.store_flos()
+            self.save_model(str(tmp), _internal_call=True)
+            self._save_optimizer_and_scheduler(str(tmp))
+            self._save_scaler(str(tmp))
+            now = RngState.capture()
+            if rng is not None:
+                rng.restore()
+            try:
+                self._save_rng_state(str(tmp))
+            finally:
+                now.restore()
+            if self.args.should_save:
+                state = copy.deepcopy(self.state)
+                exported: dict[str, list[Any]] = {}
+                for cb in self.callback_handler.callbacks + [self.control]:
+                    if isinstance(cb, ExportableState):
+                        exported.setdefault(cb.__class__.__name__, []).append(cb.state())
+                for name, states in exported.items():
+                    state.stateful_callbacks[name] = states if len(states) > 1 else states[0]
+                state.save_to_json(str(tmp / TRAINER_STATE_NAME))
+                torch.save(self.args, tmp / "training_args.bin")
+
+        return write_atomically_together(target, write)
 
     def _rf_save_boundary(self, target: Path, rng: Any = None) -> Callable[[], Path]:
         """Start this run's checkpoint at a chunk boundary; returns what finishes it.
@@ -189,6 +229,17 @@ class RunTrainerMixin:
         if self._rf_flop_params is None:
             self._rf_flop_params = _count_params_of(self.model, self._rf_adapter)
         return 6 * inputs[main_input].numel() * self._rf_flop_params
+
+
+def _launch_partial_state(config: Any) -> None:
+    """accelerate's process state for the launch's world, as ``config`` set it up when it was
+    built there (a gang run's trainer reads it through ``config.distributed_state``)."""
+    from datetime import timedelta
+
+    from accelerate.state import PartialState
+
+    PartialState(cpu=config.use_cpu, backend=config.ddp_backend,
+                 timeout=timedelta(seconds=config.ddp_timeout))
 
 
 @contextlib.contextmanager
@@ -356,6 +407,8 @@ class RFTrainerMixin:
         config = spec.config
         run_dir = Path(self.args.output_dir) / "runs" / spec.name
         config.output_dir = str(run_dir)
+        if is_gang_config(config):
+            return self._rf_add_gang_run(spec, run_dir, tags)
         model = spec.trainer_kwargs["model"]
         peft_config = spec.trainer_kwargs.get("peft_config")
         init_kwargs = dict(config.model_init_kwargs or {})
@@ -418,6 +471,53 @@ class RFTrainerMixin:
             tracker.ensure_run(spec.name, params, {"rapidfire.status": "pending", **(tags or {})})
         return slot
 
+    def _rf_add_gang_run(self, spec: RunSpec, run_dir: Path,
+                         tags: dict[str, str] | None = None) -> Any:
+        """An FSDP run: trained by all workers of the launch together, as plain TRL trains
+        it under ``accelerate launch`` (its own model, loaded and sharded by its trainer; no
+        sharing with the single-device runs)."""
+        worker = current_worker()
+        if not worker.launched:
+            raise RFConfigError(
+                f"{spec.name} sets fsdp: an FSDP run is trained by all the workers of a launch "
+                "together. Start the script with `accelerate launch --num_processes N` (or "
+                "torchrun), N >= 2, or remove fsdp/fsdp_config to train it on one device."
+            )
+        kw = dict(spec.trainer_kwargs)
+        if not isinstance(kw.get("model"), str):
+            raise RFConfigError(
+                f"{spec.name} sets fsdp: pass the model as a name or path, so that its trainer "
+                "loads and shards its own copy."
+            )
+        trainer_kwargs = {k: v for k, v in self._rf_shared.items() if k != "quantization_config"}
+        trainer_kwargs.update(kw)
+        trainer_kwargs["callbacks"] = _copy_callbacks(self._rf_shared.get("callbacks"))
+        saved = snapshot_accelerate_state()
+        try:
+            # Its trainer and accelerate state belong to the launch's world; the engine keeps
+            # that state with the run and puts it back at each of its turns.
+            with in_launch_world():
+                _launch_partial_state(spec.config)
+                trainer = self._run_trainer_class(args=spec.config, rf_adapter=None,
+                                                  **trainer_kwargs)
+                slot = self._rf_engine.add_run(
+                    name=spec.name, index=spec.index, knobs=spec.knobs, trainer=trainer,
+                    group=None, adapter=None, params=[],
+                    num_chunks=self._rf_raw_args.get("num_chunks", 1), run_dir=run_dir,
+                    chunk_eval=self._rf_strategy(spec, "eval_strategy") == CHUNK,
+                    chunk_save=self._rf_strategy(spec, "save_strategy") == CHUNK,
+                    gang=worker.world_size,
+                )
+        finally:
+            restore_accelerate_state(saved)
+        tracker = self._rf_engine.tracker
+        if tracker is not None:
+            params = dict(spec.config.to_dict())
+            params.update({k: describe_value(v) for k, v in spec.knobs.items()
+                           if k not in params})
+            tracker.ensure_run(spec.name, params, {"rapidfire.status": "pending", **(tags or {})})
+        return slot
+
     def _rf_build_trainer(self, spec: RunSpec, group: Any, adapter: str | None) -> Any:
         kw = dict(spec.trainer_kwargs)
         for key in ("model", "peft_config"):
@@ -437,7 +537,15 @@ class RFTrainerMixin:
     def _rf_rebuild(self, slot: Any) -> Any:
         """A fresh trainer for a run that continues from its checkpoint (it was trained by
         another worker, or by the process before a crash), on the same model and adapter."""
-        return self._rf_build_trainer(self._rf_specs[slot.name], slot.group, slot.adapter)
+        spec = self._rf_specs[slot.name]
+        if slot.gang:
+            kw = {**{k: v for k, v in self._rf_shared.items() if k != "quantization_config"},
+                  **spec.trainer_kwargs}
+            kw["callbacks"] = _copy_callbacks(self._rf_shared.get("callbacks"))
+            with in_launch_world():
+                _launch_partial_state(spec.config)
+                return self._run_trainer_class(args=spec.config, rf_adapter=None, **kw)
+        return self._rf_build_trainer(spec, slot.group, slot.adapter)
 
     def _rf_clone(self, parent: Any, op: Op, *, name: str | None = None,
                   warm_from: Path | None = None) -> Any:
@@ -473,6 +581,10 @@ class RFTrainerMixin:
             check_run(config, trainer_kwargs)
         except (RFConfigError, PreflightError, KnobError, ValueError, TypeError) as err:
             raise OpError(f"invalid clone of {parent.name}: {err}") from None
+        if op.warm and (parent.gang or is_gang_config(config)):
+            raise OpError(f"{parent.name}: a warm start from or into an FSDP run is not "
+                          "supported yet (its weights and moments are sharded over the gang); "
+                          "use `clone`")
         new_spec = RunSpec(name=name, index=index, knobs=knobs, config=config,
                            trainer_kwargs=trainer_kwargs)
         tags = {"rapidfire.parent": parent.name, "rapidfire.warm_start": str(op.warm).lower()}

@@ -1,0 +1,128 @@
+"""FSDP runs are trained by a gang of all workers; single-device runs by one worker each.
+
+The multi-process tests launch ``tests/gang_script.py`` with ``accelerate launch --multi_gpu
+--num_processes 2`` on CPU (gloo, one thread per process) and compare every run's final adapter,
+tensor for tensor, with plain TRL: a gang run with the same config trained by ``SFTTrainer``
+under the same launch, a single-device run with ``SFTTrainer`` in one process.
+
+On CPU, accelerate 1.15 never selects FSDP (its FSDP mode is reserved for GPU-like devices:
+``accelerate/state.py``, ``AcceleratorState.__init__``): a config with ``fsdp`` set trains as
+data-parallel over the launch, in plain TRL and here alike. What these tests pin down is
+ours: the gang's scheduling among single runs, the switch between the launch's world and a
+world of one, collective checkpoints, stop/resume and resume after ``kill -9``. The sharding
+itself is transformers' and accelerate's, exercised on GPUs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trl_rapidfire.testing import tiny_model_path
+
+SCRIPT = Path(__file__).with_name("gang_script.py")
+ACCELERATE = [
+    sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+]
+# run -> (reference folder, learning rate, fsdp on)
+RUNS = {"run-0": ("gang-1e-3", "0.001", "1"), "run-1": ("single-1e-3", "0.001", "0"),
+        "run-2": ("gang-3e-3", "0.003", "1"), "run-3": ("single-3e-3", "0.003", "0")}
+
+
+def _run(*args, **kwargs):
+    from test_workers_and_crashes import _run as run
+
+    return run(*args, **kwargs)
+
+
+def _env(tmp, **extra):
+    from test_workers_and_crashes import _env as env
+
+    return env(tmp, **extra)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory) -> Path:
+    """Each config trained by plain TRL: gang configs under the launch, the others alone."""
+    tiny_model_path()
+    tmp = tmp_path_factory.mktemp("gang-references")
+    for folder, lr, fsdp in RUNS.values():
+        prefix = ACCELERATE if fsdp == "1" else [sys.executable]
+        _run([*prefix, str(SCRIPT), "plain", str(tmp / folder), lr, fsdp], _env(tmp), tmp)
+    return tmp
+
+
+def _assert_equal_to_references(out: Path, references: Path) -> None:
+    for run, (folder, _, _) in RUNS.items():
+        got = load_file(out / "runs" / run / "final" / "adapter_model.safetensors")
+        want = load_file(references / folder / "final" / "adapter_model.safetensors")
+        assert got.keys() == want.keys()
+        for key in want:
+            assert torch.equal(got[key], want[key]), f"{run}: {key} differs"
+
+
+@pytest.mark.slow
+def test_gang_and_single_runs_interleave_and_equal_plain_trl(references, tmp_path):
+    out = tmp_path / "exp"
+    proc = _run([*ACCELERATE, str(SCRIPT), "rf", str(out)], _env(tmp_path), tmp_path)
+    assert "'completed', 6)" in proc.stdout and "'completed', 12)" in proc.stdout
+    _assert_equal_to_references(out, references)
+    rows = (out / "schedule.csv").read_text().splitlines()[1:]
+    chunks = [row.split(",")[0] for row in rows]
+    assert sorted(chunks) == sorted([f"run-{i}" for i in range(4)] * 3)  # each chunk once
+    # The gang runs did not wait for the single runs to finish: they interleave.
+    first_single_end = max(i for i, r in enumerate(chunks) if r in ("run-1", "run-3"))
+    assert min(i for i, r in enumerate(chunks) if r in ("run-0", "run-2")) < first_single_end
+
+
+@pytest.mark.slow
+def test_a_gang_run_stopped_mid_flight_resumes_exactly(references, tmp_path):
+    out = tmp_path / "exp"
+    proc = _run([*ACCELERATE, str(SCRIPT), "rf", str(out)],
+                _env(tmp_path, RF_TEST_STOP="run-0:3"), tmp_path)
+    assert "after stop: {'run-0': ('stopped', 4)" in proc.stdout
+    ops = (out / "ops.csv").read_text()
+    assert "run-0,stop,ok: stopped at step 4" in ops and "run-0,resume,ok: resumed" in ops
+    _assert_equal_to_references(out, references)
+
+
+@pytest.mark.slow
+def test_a_kill_mid_gang_chunk_resumes_exactly(references, tmp_path):
+    out = tmp_path / "exp"
+    _run([*ACCELERATE, str(SCRIPT), "rf", str(out)], _env(tmp_path, RF_TEST_KILL="run-0:3"),
+         tmp_path, expect_kill=True)
+    assert not (out / "runs" / "run-0" / "final").exists()
+    _run([*ACCELERATE, str(SCRIPT), "rf", str(out)], _env(tmp_path), tmp_path)
+    _assert_equal_to_references(out, references)
+
+
+def test_an_fsdp_run_outside_a_launch_is_refused_before_anything_trains(tmp_path, monkeypatch):
+    from trl_rapidfire import List, RFConfigError, RFSFTConfig, RFSFTTrainer
+    from trl_rapidfire.testing import cpu_training_kwargs, make_sft_dataset, tiny_lora_config
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = RFSFTConfig(output_dir=str(tmp_path / "exp"), learning_rate=List([1e-3, 3e-3]),
+                         fsdp="full_shard auto_wrap", num_chunks=2, **cpu_training_kwargs())
+    with pytest.raises(RFConfigError, match=r"run-0 sets fsdp: .*accelerate launch"):
+        RFSFTTrainer(model=tiny_model_path(), args=config, train_dataset=make_sft_dataset(16),
+                     peft_config=tiny_lora_config(r=4))
+    assert not (tmp_path / "exp" / "runs").exists()
+
+
+@pytest.mark.slow
+def test_the_fsdp_example_runs_under_a_launch(tmp_path):
+    example = Path(__file__).resolve().parent.parent / "examples" / "sft_fsdp.py"
+    proc = _run([*ACCELERATE, str(example), "--rows", "32", "--num-chunks", "2",
+                 "--output-dir", str(tmp_path / "exp")], _env(tmp_path), tmp_path)
+    lines = [line.split() for line in proc.stdout.splitlines() if line.startswith("run-")]
+    assert [(r[0], r[1]) for r in lines] == [("run-0", "lite"), ("run-1", "large"),
+                                             ("run-2", "lite"), ("run-3", "large")]
+    assert all(r[3] == "4" for r in lines)  # 32 rows / (4 a batch x 2 workers)
+    assert "'cpu_offload': True" in proc.stdout  # the seed's offload_params, mapped
+    for run in ("run-0", "run-1", "run-2", "run-3"):
+        assert (tmp_path / "exp" / "runs" / run / "final" / "adapter_model.safetensors").exists()
