@@ -109,12 +109,25 @@ class RunTrainerMixin:
         finally:
             del model.save_pretrained
 
+    def _rf_state_to_save(self) -> Any:
+        """A copy of the trainer state with the stateful callbacks' states in it, as the
+        Trainer's own checkpoints record them."""
+        from transformers.trainer_callback import ExportableState
+
+        state = copy.deepcopy(self.state)
+        exported: dict[str, list[Any]] = {}
+        for cb in self.callback_handler.callbacks + [self.control]:
+            if isinstance(cb, ExportableState):
+                exported.setdefault(cb.__class__.__name__, []).append(cb.state())
+        for name, states in exported.items():
+            state.stateful_callbacks[name] = states if len(states) > 1 else states[0]
+        return state
+
     def _rf_save_gang_boundary(self, target: Path, rng: Any = None) -> Path:
         """A gang run's checkpoint at a chunk boundary, written now by every member together
         with the Trainer's own routines (they know FSDP: sharded or gathered weights and
         optimizer state; each member's random streams in ``rng_state_<rank>.pth``)."""
         from transformers.trainer import TRAINER_STATE_NAME
-        from transformers.trainer_callback import ExportableState
 
         from ..durable import write_atomically_together
         from ..switch import RngState
@@ -132,14 +145,7 @@ class RunTrainerMixin:
             finally:
                 now.restore()
             if self.args.should_save:
-                state = copy.deepcopy(self.state)
-                exported: dict[str, list[Any]] = {}
-                for cb in self.callback_handler.callbacks + [self.control]:
-                    if isinstance(cb, ExportableState):
-                        exported.setdefault(cb.__class__.__name__, []).append(cb.state())
-                for name, states in exported.items():
-                    state.stateful_callbacks[name] = states if len(states) > 1 else states[0]
-                state.save_to_json(str(tmp / TRAINER_STATE_NAME))
+                self._rf_state_to_save().save_to_json(str(tmp / TRAINER_STATE_NAME))
                 torch.save(self.args, tmp / "training_args.bin")
 
         return write_atomically_together(target, write)
@@ -164,7 +170,6 @@ class RunTrainerMixin:
         """
         from safetensors.torch import save_file
         from transformers.trainer import TRAINER_STATE_NAME
-        from transformers.trainer_callback import ExportableState
 
         from ..switch import RngState
 
@@ -193,13 +198,7 @@ class RunTrainerMixin:
                     self._save_rng_state(str(tmp))
                 finally:
                     now.restore()
-            state = copy.deepcopy(self.state)
-            exported: dict[str, list[Any]] = {}
-            for cb in self.callback_handler.callbacks + [self.control]:
-                if isinstance(cb, ExportableState):
-                    exported.setdefault(cb.__class__.__name__, []).append(cb.state())
-            for name, states in exported.items():
-                state.stateful_callbacks[name] = states if len(states) > 1 else states[0]
+            state = self._rf_state_to_save()
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -463,12 +462,7 @@ class RFTrainerMixin:
             chunk_save=self._rf_strategy(spec, "save_strategy") == CHUNK,
         )
         slot.residency.resident = resident
-        tracker = self._rf_engine.tracker
-        if tracker is not None:
-            params = {k: v for k, v in config.to_dict().items()}
-            params.update({k: describe_value(v) for k, v in spec.knobs.items()
-                           if k not in params})
-            tracker.ensure_run(spec.name, params, {"rapidfire.status": "pending", **(tags or {})})
+        self._rf_track(spec, tags)
         return slot
 
     def _rf_add_gang_run(self, spec: RunSpec, run_dir: Path,
@@ -510,13 +504,16 @@ class RFTrainerMixin:
                 )
         finally:
             restore_accelerate_state(saved)
+        self._rf_track(spec, tags)
+        return slot
+
+    def _rf_track(self, spec: RunSpec, tags: dict[str, str] | None) -> None:
         tracker = self._rf_engine.tracker
         if tracker is not None:
             params = dict(spec.config.to_dict())
             params.update({k: describe_value(v) for k, v in spec.knobs.items()
                            if k not in params})
             tracker.ensure_run(spec.name, params, {"rapidfire.status": "pending", **(tags or {})})
-        return slot
 
     def _rf_build_trainer(self, spec: RunSpec, group: Any, adapter: str | None) -> Any:
         kw = dict(spec.trainer_kwargs)
