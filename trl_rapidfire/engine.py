@@ -305,6 +305,8 @@ class Engine:
         self.rebuild: Callable[[RunSlot], Any] | None = None
         # (source, run, op text, reason): "python", "tag" or "policy:<name>".
         self._queued_ops: list[tuple[str, str, str, str | None]] = []
+        # Ops may be queued from another thread (a notebook while train(blocking=False) runs).
+        self._ops_lock = threading.Lock()
         # Automatic control (see policies.py), asked by the first worker at every chunk end.
         self.policy: Policy | None = None
         self._policy_seen: dict[str, int] = {}
@@ -460,7 +462,8 @@ class Engine:
         return sum(len(s.plan) for s in self.slots.values())
 
     def results(self) -> list[RunResult]:
-        return [s.result() for s in self.slots.values()]
+        # A copy of the slots: a clone may be added meanwhile by a training thread.
+        return [s.result() for s in list(self.slots.values())]
 
     # ------------------------------------------------------------------ run side
 
@@ -1067,7 +1070,8 @@ class Engine:
     def queue_op(self, run: str, op: str, source: str = "python",
                  reason: str | None = None) -> None:
         """Apply ``op`` to ``run`` at the next chunk boundary (or the next ``train()``)."""
-        self._queued_ops.append((source, run, op, reason))
+        with self._ops_lock:
+            self._queued_ops.append((source, run, op, reason))
 
     def _consult_policy(self) -> None:
         """Ask the policy about every chunk finished since it was last asked (by any worker)
@@ -1138,8 +1142,8 @@ class Engine:
         queued by each, and every worker sees the same tags: the first worker alone applies
         ops, once, and what they change reaches the others through the shared state.
         """
-        pending = list(self._queued_ops)
-        self._queued_ops.clear()
+        with self._ops_lock:
+            pending, self._queued_ops = self._queued_ops, []
         if self.worker.rank != 0:
             return []
         if self.tracker is not None:

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -665,15 +666,71 @@ class RFTrainerMixin:
         resume_from_checkpoint: str | bool | None = None,
         trial: Any = None,
         ignore_keys_for_eval: list[str] | None = None,
+        *,
+        blocking: bool = True,
         **kwargs: Any,
-    ) -> TrainOutput:
+    ) -> TrainOutput | None:
         """Train every run, chunk by chunk, and return the best run's ``TrainOutput``.
 
         Failed runs are reported (a warning naming each) and the others finish; if every run
         fails, :class:`~trl_rapidfire.engine.RunFailure` is raised. Returns when no run is left
         to train: completed, failed, deleted or stopped. Stopped runs stay resumable: resume
         them (an op, or :meth:`resume`) and call ``train()`` again to continue.
+
+        With ``blocking=False`` the experiment trains on a background thread and ``train``
+        returns ``None`` at once: a notebook can go on issuing ops (:meth:`stop`,
+        :meth:`clone`, ...), reading :attr:`runs` and plotting while it trains;
+        :meth:`wait` returns what ``train`` would have (or raises what it would have raised)
+        and :attr:`training` says whether it is still going.
         """
+        if self.training:
+            raise RuntimeError("this experiment is already training in the background; "
+                               "call wait() first")
+        self._rf_check_train_args(resume_from_checkpoint, trial)
+        if not blocking:
+            outcome: dict[str, Any] = {}
+
+            def target() -> None:
+                try:
+                    outcome["result"] = self._rf_train()
+                except BaseException as err:  # noqa: BLE001 - handed to wait()
+                    outcome["error"] = err
+
+            thread = threading.Thread(target=target, name="trl-rapidfire-train", daemon=True)
+            self._rf_background = (thread, outcome)
+            thread.start()
+            return None
+        return self._rf_train()
+
+    @property
+    def training(self) -> bool:
+        """Whether ``train(blocking=False)`` is still training."""
+        background = getattr(self, "_rf_background", None)
+        return background is not None and background[0].is_alive()
+
+    def wait(self, timeout: float | None = None) -> TrainOutput | None:
+        """Wait for ``train(blocking=False)`` to end and return its result (the best run's
+        ``TrainOutput``), or raise its error. With ``timeout`` (seconds), returns ``None`` if
+        it is still training then. Interrupting the wait (Ctrl-C, a notebook's stop button)
+        asks the experiment to stop at its next chunk boundary, as Ctrl-C does in a script."""
+        background = getattr(self, "_rf_background", None)
+        if background is None:
+            raise RuntimeError("nothing to wait for: call train(blocking=False) first")
+        thread, outcome = background
+        try:
+            thread.join(timeout)
+        except KeyboardInterrupt:
+            self._rf_engine.interrupted = True
+            thread.join()
+            raise
+        if thread.is_alive():
+            return None
+        self._rf_background = None
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("result")
+
+    def _rf_check_train_args(self, resume_from_checkpoint: Any, trial: Any) -> None:
         if resume_from_checkpoint not in (None, False, True):
             raise ValueError(
                 "RF trainers resume a whole experiment, not one checkpoint: pass "
@@ -682,6 +739,8 @@ class RFTrainerMixin:
             )
         if trial is not None:
             raise ValueError("RF trainers run their own search; `trial` is not supported.")
+
+    def _rf_train(self) -> TrainOutput:
         engine = self._rf_engine
         engine.run()
         if engine.interrupted:

@@ -1,0 +1,106 @@
+"""train(blocking=False): the experiment trains on a thread while the caller (a notebook)
+issues ops, reads the runs, and waits."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
+from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.testing import (
+    cpu_training_kwargs,
+    make_sft_dataset,
+    tiny_lora_config,
+    tiny_model_path,
+)
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _trainer(out, lrs=(1e-3, 3e-3, 1e-2)):
+    return RFSFTTrainer(
+        model=tiny_model_path(),
+        args=RFSFTConfig(output_dir=str(out), learning_rate=List(list(lrs)), num_chunks=4,
+                         per_device_train_batch_size=4, num_train_epochs=1,
+                         **cpu_training_kwargs()),
+        train_dataset=make_sft_dataset(48, seed=1),
+        peft_config=tiny_lora_config(r=4),
+    )
+
+
+def _until(condition, timeout=120.0):
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_notebook_stops_and_clones_while_the_experiment_trains(tmp_path):
+    rf = _trainer(tmp_path / "exp")
+    assert rf.train(blocking=False) is None
+    assert rf.training
+    with pytest.raises(RuntimeError, match="already training"):
+        rf.train()
+    # Once every run has trained a chunk, steer it as a person in a notebook would.
+    _until(lambda: len(rf.schedule) >= 3)
+    rf.stop("run-1")
+    rf.clone("run-2", {"learning_rate": 5e-3})
+    seen = rf.runs  # readable while it trains
+    assert [r.name for r in seen][:3] == ["run-0", "run-1", "run-2"]
+    out = rf.wait()
+    assert not rf.training
+    assert out.global_step == rf.best_run.global_step
+    runs = {r.name: r for r in rf.runs}
+    assert runs["run-1"].status == RunStatus.STOPPED and 0 < runs["run-1"].global_step < 12
+    assert runs["run-3"].knobs["learning_rate"] == 5e-3
+    assert runs["run-3"].status == RunStatus.COMPLETED
+    assert [o.result.split(" ")[:2] for o in rf.op_log] == [["ok:", "stopped"],
+                                                          ["ok:", "created"]]
+    # Training on a thread changes nothing: run-0 ends as it does in a blocking train().
+    ref = _trainer(tmp_path / "ref", lrs=(1e-3,))
+    ref.train()
+    got = load_file(tmp_path / "exp/runs/run-0/final/adapter_model.safetensors")
+    want = load_file(tmp_path / "ref/runs/run-0/final/adapter_model.safetensors")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_wait_returns_none_on_timeout_and_raises_what_train_raised(tmp_path):
+    rf = _trainer(tmp_path / "exp", lrs=(1e-3,))
+    with pytest.raises(RuntimeError, match="nothing to wait for"):
+        rf.wait()
+    rf.train(blocking=False)
+    assert rf.wait(timeout=0) is None or not rf.training
+    assert rf.wait() is not None
+    # Bad arguments fail at once, as in a blocking call.
+    with pytest.raises(ValueError, match="resume a whole experiment"):
+        rf.train(blocking=False, resume_from_checkpoint="some/checkpoint")
+
+
+class _Explode(TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+        raise RuntimeError("boom")
+
+
+def test_what_fails_in_the_background_is_raised_by_wait(tmp_path):
+    from trl_rapidfire.engine import RunFailure
+
+    rf = RFSFTTrainer(
+        model=tiny_model_path(),
+        args=RFSFTConfig(output_dir=str(tmp_path / "exp"), learning_rate=List([1e-3, 3e-3]),
+                         num_chunks=2, per_device_train_batch_size=4, **cpu_training_kwargs()),
+        train_dataset=make_sft_dataset(16, seed=1), peft_config=tiny_lora_config(r=4),
+        callbacks=[_Explode()],
+    )
+    with pytest.warns(RuntimeWarning, match="boom"):
+        rf.train(blocking=False)
+        with pytest.raises(RunFailure, match=r"(?s)Every run failed:.*boom"):
+            rf.wait()
+    assert not rf.training
