@@ -20,11 +20,6 @@ from trl_rapidfire.testing import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
 def _trainer(out, lrs=(1e-3, 3e-3, 1e-2)):
     return RFSFTTrainer(
         model=tiny_model_path(),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
 from trl_rapidfire.policies import Budget, RunHistory, SuccessiveHalving, metric_at
 from trl_rapidfire.runs import RunStatus
@@ -13,11 +11,6 @@ from trl_rapidfire.testing import (
     tiny_lora_config,
     tiny_model_path,
 )
-
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
 def _trainer(out, policy, lrs=(1e-5, 1e-4, 3e-3, 1e-2)):
