@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install trl-rapidfire (editable, with its test extras) into the current Python environment.
+# Install trl-rapidfire (editable, with its test and docs extras) into the current environment.
 #
 # torch: an installed torch (a GPU build, say) is kept as it is. Without one, torch 2.13.0 is
 # installed first, on its own, so that no other package can pull a multi-GB CUDA build onto a
@@ -24,5 +24,5 @@ fi
 # Pin torch to what is there now, so resolving the rest never swaps it.
 echo "torch==$installed" >> "$constraints"
 
-"$PY" -m pip install -q -c "$constraints" -e ".[test]"
+"$PY" -m pip install -q -c "$constraints" -e ".[test,docs]"
 echo "install: done ($("$PY" -c 'import trl_rapidfire as rf; print("trl-rapidfire", rf.__version__)'))"

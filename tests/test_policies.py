@@ -175,8 +175,8 @@ def test_several_policies_give_each_run_one_decision():
     assert isinstance(both, Policies)
     runs = [run("a", [1.0]), run("b", [2.0])]
     decisions = both.on_chunk_end("b", ctx(*runs))
-    assert [(d.run, d.reason.split(":")[0]) for d in decisions] == [
-        ("a", "budget spent"), ("b", "budget spent")]
+    assert [(d.run, d.reason.split(":")[0], d.by) for d in decisions] == [
+        ("a", "budget spent", "Budget"), ("b", "budget spent", "Budget")]
 
 
 @pytest.mark.parametrize("make, match", [

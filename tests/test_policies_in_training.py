@@ -79,12 +79,17 @@ def test_a_persons_op_on_a_run_wins_over_the_policys(tmp_path):
 
 
 def test_a_budget_stops_everything_resumably(tmp_path):
-    rf = _trainer(tmp_path / "exp", Budget(max_total_steps=8), lrs=(1e-4, 3e-3))
+    # In a list, the op log names the policy that decided (halving has no rung before the
+    # last of 4 chunks here, so it never does).
+    rf = _trainer(tmp_path / "exp", [SuccessiveHalving(min_chunks=4), Budget(max_total_steps=8)],
+                  lrs=(1e-4, 3e-3))
     rf.train()
     # 12 steps a run, 3 a chunk: the budget is spent once 8 steps are trained in all.
     assert [r.status for r in rf.runs] == [RunStatus.STOPPED] * 2
     assert sum(r.global_step for r in rf.runs) in (9, 12)
     assert all("budget spent" in o.result for o in rf.op_log)
+    assert {o.source for o in rf.op_log} == {"policy:Budget"}
+    assert all(" by Budget budget spent" in o.result for o in rf.op_log)
 
 
 def test_population_based_replaces_the_worse_run_by_a_warm_clone_of_the_better(tmp_path):

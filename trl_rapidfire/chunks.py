@@ -6,9 +6,8 @@ the run's total steps) means runs with equal batch settings see the same example
 every epoch, and a chunk boundary never straddles an epoch end.
 
 Steps per epoch and total steps follow transformers' ``Trainer`` exactly (see
-:func:`training_steps`), including ``max_steps`` that ends mid-epoch: the plan is cut for whole
-epochs and then clipped, so the chunks of the last, partial epoch are those of a full one, cut
-short.
+:func:`training_steps`), including ``max_steps`` that ends mid-epoch: the last, partial epoch
+is cut into ``num_chunks`` spans of its own length, so it takes turns like the others.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ Commands:
   status                  a table of the runs of an experiment
   stop|resume|delete RUN  control ops (applied by the experiment at its next chunk boundary)
   clone RUN --set K=V     a new run from RUN's knobs plus overrides (--warm: from its weights)
+  report OUTPUT_DIR       PNG plots and a markdown summary of an experiment (--out DIR)
 
 The op commands only set the run tag ``rapidfire.op``, exactly as the MLflow UI's tag editor
 does; the training process applies it and writes ``rapidfire.op.result``.
@@ -130,6 +131,17 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .plots import write_report
+
+    files = write_report(args.output_dir, args.out, metric=args.metric, tracking_uri=args.uri,
+                         experiment=args.experiment)
+    print(f"metrics from {files.source_detail}")
+    for path in files.paths:
+        print(path)
+    return 0
+
+
 def _add_where(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-dir", help="the experiment's output_dir (default: the latest "
                    "experiment in the store)")
@@ -181,6 +193,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warm", action="store_true", help="start from RUN's weights")
     _add_where(p)
     p.set_defaults(func=_cmd_op)
+    p = sub.add_parser(
+        "report",
+        help="PNG plots and a markdown summary of an experiment",
+        description="Write learning_curves.png (the runs' curves, with the control ops marked), "
+        "schedule.png (which run trained on which worker when) and summary.md (the runs "
+        "ranked by --metric) into --out. Metrics come from MLflow when the experiment was "
+        "tracked, else from the runs' trainer_state.json files.",
+    )
+    p.add_argument("output_dir", metavar="OUTPUT_DIR", help="the experiment's output_dir")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write the report to")
+    p.add_argument("--metric", default="eval_loss",
+                   help="metric to plot and rank by (default eval_loss; lower is better for "
+                   "names ending in loss, else higher)")
+    p.add_argument("--experiment", help="MLflow experiment name (default: "
+                   "MLFLOW_EXPERIMENT_NAME or the base name of OUTPUT_DIR)")
+    p.add_argument("--uri", help="tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    p.set_defaults(func=_cmd_report)
     return parser
 
 

@@ -214,10 +214,12 @@ class OpRecord:
 
     Attributes:
         time: when it was applied (``time.time()``).
-        source: ``tag`` (MLflow UI or CLI), ``python``, or ``policy``.
+        source: ``tag`` (MLflow UI or CLI), ``python``, or ``policy:<Name>`` (the policy
+            that decided).
         run: the run it targeted.
         op: the op text.
-        result: ``ok: ...`` or ``error: ...``.
+        result: ``ok: ...``, ``error: ...``, or ``skipped: ...`` (a policy's op when a
+            person's op on the same run was applied at the same boundary).
     """
 
     time: float

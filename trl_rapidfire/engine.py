@@ -1103,7 +1103,7 @@ class Engine:
                         continue
                     decided.add((d.run, d.action))
                     text = d.action
-                self.queue_op(d.run, text, source=f"policy:{self.policy.name}",
+                self.queue_op(d.run, text, source=f"policy:{d.by or self.policy.name}",
                               reason=d.reason)
 
     def _policy_context(self, done: dict[str, int]) -> Context:

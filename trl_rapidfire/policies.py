@@ -24,7 +24,7 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .knobs import Knob
@@ -102,6 +102,8 @@ class Decision:
         reason: why, as it should read in the op log (``by <policy>`` is added).
         overrides: for ``clone``, the knob overrides.
         warm: for ``clone``, start from the parent's weights.
+        by: the policy that decided (filled in by :class:`Policies`; empty: the policy
+            asked).
     """
 
     run: str
@@ -109,6 +111,7 @@ class Decision:
     reason: str
     overrides: Mapping[str, Any] = field(default_factory=dict)
     warm: bool = False
+    by: str = ""
 
 
 class Policy(ABC):
@@ -138,6 +141,8 @@ class Policies(Policy):
         out = []
         for policy in self.policies:
             for d in policy.on_chunk_end(run, context):
+                # The op log names the policy that decided, not this combination.
+                d = replace(d, by=d.by or policy.name)
                 if d.action != "clone":
                     if d.run in decided:
                         continue

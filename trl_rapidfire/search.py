@@ -13,6 +13,7 @@ fastest. Runs are named ``run-0``, ``run-1``, ... in that order.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import random
 import warnings
@@ -144,6 +145,9 @@ class Search:
         clash = sorted(set(config_knobs) & set(trainer_level))
         if clash:
             raise SearchError(f"{clash} given both as config fields and as trainer arguments.")
+        for name, value in trainer_level.items():
+            for candidate in (value.values if isinstance(value, List) else (value,)):
+                _check_no_nested_knob(name, candidate)
         all_knobs: dict[str, Knob] = dict(config_knobs)
         all_knobs.update({k: v for k, v in trainer_level.items() if is_knob(v)})
         axes = self._axes(all_knobs)
@@ -287,3 +291,19 @@ class RandomSearch(Search):
     def __repr__(self) -> str:
         zipped = f", zip={list(self.zip_groups)!r}" if self.zip_groups else ""
         return f"RandomSearch(num_runs={self.num_runs}, seed={self.seed}{zipped})"
+
+
+def _check_no_nested_knob(name: str, value: Any) -> None:
+    """A knob inside a config object (``LoraConfig(r=List([8, 16]))``) would reach PEFT as a
+    ``List`` and silently make one run: say how to write it instead."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return
+    for f in dataclasses.fields(value):
+        inner = getattr(value, f.name, None)
+        if is_knob(inner):
+            kind = type(value).__name__
+            raise SearchError(
+                f"{name}: {kind}({f.name}={inner!r}) has a knob inside it; a knob must be a whole "
+                f"argument. Write {name}=List([{kind}({f.name}=...), {kind}({f.name}=...)]), one "
+                "object per candidate."
+            )

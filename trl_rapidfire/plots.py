@@ -1,0 +1,691 @@
+"""Reports of an experiment as figures: the runs' learning curves with the control ops marked
+where they happened, the chunk schedule as a Gantt chart, and a markdown summary ranking the
+runs.
+
+Everything is read back from what an experiment leaves behind (``schedule.csv``, ``ops.csv``,
+``.rapidfire/scheduler.json``, the MLflow store or the Trainer's ``trainer_state.json`` files),
+never from a live trainer, so a report can be drawn for a finished experiment, a running one,
+or one copied from another machine. Files are only ever parsed as CSV or JSON.
+
+Figures are drawn on matplotlib ``Figure`` objects with an Agg canvas of their own rather than
+through ``pyplot``: nothing global (the backend, pyplot's figure registry) changes under a
+caller who draws figures of their own.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
+
+from .report import format_value
+from .schedule import ChunkRecord, read_schedule_csv
+from .tracking import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG, STATUS_TAG, resolve_tracking_uri
+
+__all__ = [
+    "ExperimentData",
+    "Marker",
+    "OpEvent",
+    "ReportFiles",
+    "RunData",
+    "load_experiment",
+    "op_markers",
+    "plot_learning_curves",
+    "plot_schedule",
+    "rank_runs",
+    "resolve_metric",
+    "summary_markdown",
+    "write_report",
+]
+
+TRAIN_METRIC = "loss"
+LEARNING_CURVES = "learning_curves.png"
+SCHEDULE = "schedule.png"
+SUMMARY = "summary.md"
+
+# Marker shape per op verb; who issued the op is shown by the fill (see _draw_marker).
+_MARKER_SHAPES = {"stop": "X", "resume": ">", "delete": "s", "fail": "v", "clone": "D",
+                  "clone-warm": "*"}
+_MARKER_LABELS = {"stop": "stop", "resume": "resume", "delete": "delete", "fail": "failed",
+                  "clone": "clone (on the parent)", "clone-warm": "clone-warm (on the parent)"}
+_STEP_IN_RESULT = re.compile(r"\bat step (\d+)")
+_CREATED = re.compile(r"\bcreated (\S+)")
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+_HEX_ID = re.compile(r"[0-9a-fA-F]{1,64}")
+_DPI = 110
+
+
+@dataclass(frozen=True)
+class OpEvent:
+    """One row of ``<output_dir>/ops.csv``: an op as the experiment handled it.
+
+    Attributes:
+        time: when it was applied (``time.time()``).
+        source: ``tag``, ``python`` or ``policy:<Name>``.
+        run: the run it targeted (for a clone: the parent).
+        op: the op text (``stop``, ``clone-warm {...}``, ...).
+        result: ``ok: ...``, ``error: ...`` or ``skipped: ...``.
+    """
+
+    time: float
+    source: str
+    run: str
+    op: str
+    result: str
+
+    @property
+    def verb(self) -> str:
+        return self.op.strip().partition(" ")[0].lower()
+
+    @property
+    def applied(self) -> bool:
+        return self.result.startswith("ok")
+
+    @property
+    def by_policy(self) -> bool:
+        return self.source.startswith("policy")
+
+    @property
+    def step(self) -> int | None:
+        """The run's step as the result text states it (``stopped at step 16``), if it does."""
+        match = _STEP_IN_RESULT.search(self.result)
+        return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class Marker:
+    """An applied op drawn on a run's curves.
+
+    Attributes:
+        run: the run whose curves carry it (a clone's parent for clones).
+        kind: the op's verb: ``stop``, ``resume``, ``delete``, ``fail``, ``clone``,
+            ``clone-warm``.
+        step: the run's own global step where it happened.
+        by_policy: issued by a policy rather than a person.
+        result: the op's result text.
+    """
+
+    run: str
+    kind: str
+    step: int
+    by_policy: bool
+    result: str
+
+
+@dataclass
+class RunData:
+    """What the report knows about one run.
+
+    Attributes:
+        name: ``run-<index>``.
+        status: from the shared scheduler state (or the MLflow status tag), ``None`` if unknown.
+        steps: optimizer steps done, ``None`` if unknown.
+        knobs: the run's knob values as the scheduler state keeps them (JSON).
+        history: metric key -> ``[(step, value), ...]`` sorted by step, one value per step.
+        source: where ``history`` came from: ``mlflow``, ``disk`` or ``""`` (nowhere).
+    """
+
+    name: str
+    status: str | None = None
+    steps: int | None = None
+    knobs: dict[str, Any] = field(default_factory=dict)
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    source: str = ""
+
+    def latest(self, key: str) -> float | None:
+        """The value at the run's highest logged step of ``key`` (``None`` if never finite)."""
+        points = [v for _, v in self.history.get(key, []) if math.isfinite(v)]
+        return points[-1] if points else None
+
+
+@dataclass
+class ExperimentData:
+    """An experiment read back from its folder (see :func:`load_experiment`).
+
+    Attributes:
+        output_dir: the experiment's ``output_dir``.
+        name: a display name (the MLflow experiment's when tracked, else the folder's).
+        runs: run name -> :class:`RunData`, in run order.
+        schedule: the finished chunks (``schedule.csv``).
+        ops: the op log (``ops.csv``), in the order handled.
+        source: ``mlflow`` when MLflow held the runs' metrics, else ``disk``.
+        source_detail: one sentence on where the metrics came from (and why not MLflow).
+    """
+
+    output_dir: Path
+    name: str
+    runs: dict[str, RunData]
+    schedule: list[ChunkRecord]
+    ops: list[OpEvent]
+    source: str
+    source_detail: str
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """What :func:`write_report` wrote, and what it drew (for checks).
+
+    Attributes:
+        learning_curves, schedule, summary: the files written.
+        source, source_detail: where the metrics came from (see :class:`ExperimentData`).
+        metric: the metric key the runs were ranked by (``None`` if no run logged it).
+        curves: panel (metric key) -> number of run curves drawn in it.
+        markers: the op markers drawn.
+        ranking: run names, best first, as in the summary table.
+    """
+
+    learning_curves: Path
+    schedule: Path
+    summary: Path
+    source: str
+    source_detail: str
+    metric: str | None
+    curves: dict[str, int]
+    markers: tuple[Marker, ...]
+    ranking: tuple[str, ...]
+
+    @property
+    def paths(self) -> tuple[Path, Path, Path]:
+        return (self.learning_curves, self.schedule, self.summary)
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _run_order(name: str) -> tuple[int, str]:
+    tail = name.rsplit("-", 1)[-1]
+    return (int(tail) if tail.isdigit() else 1 << 30, name)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def _read_ops(path: Path) -> list[OpEvent]:
+    if not path.is_file():
+        return []
+    out = []
+    with open(path, encoding="utf-8", newline="") as fh:
+        for row in csv.DictReader(fh):
+            try:
+                out.append(OpEvent(float(row["time"]), row["source"] or "", row["run"] or "",
+                                   row["op"] or "", row["result"] or ""))
+            except (KeyError, TypeError, ValueError):
+                continue  # a line cut short by a crash
+    return out
+
+
+def _scheduler_runs(output_dir: Path) -> dict[str, dict[str, Any]]:
+    doc = _read_json(output_dir / ".rapidfire" / "scheduler.json")
+    runs = doc.get("runs") if isinstance(doc, dict) else None
+    if not isinstance(runs, dict):
+        return {}
+    return {str(n): r for n, r in runs.items() if isinstance(r, dict)}
+
+
+def _points(log_history: Any, keys: Iterable[str]) -> dict[str, list[tuple[int, float]]]:
+    """``{key: [(step, value), ...]}`` from a Trainer ``log_history``; a later entry for the
+    same step wins, as a re-logged point would in MLflow."""
+    out: dict[str, dict[int, float]] = {}
+    if not isinstance(log_history, list):
+        return {}
+    for entry in log_history:
+        if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
+            continue
+        for key in keys:
+            value = entry.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out.setdefault(key, {})[entry["step"]] = float(value)
+    return {k: sorted(v.items()) for k, v in out.items()}
+
+
+def _disk_state(output_dir: Path, run: str) -> Path | None:
+    final = output_dir / "runs" / run / "final" / "trainer_state.json"
+    if final.is_file():
+        return final
+    best: tuple[int, Path] | None = None
+    folder = output_dir / ".rapidfire" / "checkpoints" / run
+    if folder.is_dir():
+        for child in folder.iterdir():
+            match = _CHECKPOINT.fullmatch(child.name)
+            state = child / "trainer_state.json"
+            if match and state.is_file() and (best is None or int(match.group(1)) > best[0]):
+                best = (int(match.group(1)), state)
+    return best[1] if best else None
+
+
+def _disk_histories(output_dir: Path, runs: Iterable[str], keys: Sequence[str]
+                    ) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    out = {}
+    for run in runs:
+        path = _disk_state(output_dir, run)
+        doc = _read_json(path) if path is not None else None
+        if isinstance(doc, dict):
+            out[run] = _points(doc.get("log_history"), keys)
+    return out
+
+
+def _mlflow_histories(
+    output_dir: Path, keys: Sequence[str], uri: str | None, experiment: str | None
+) -> tuple[dict[str, dict[str, list[tuple[int, float]]]], dict[str, str], str]:
+    """Histories and status tags of the experiment's MLflow child runs, and a sentence on
+    where they came from or why there were none."""
+    uri = uri or resolve_tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        # Opening a missing sqlite store would create it: a report must not write there.
+        return {}, {}, f"no MLflow store at {uri}"
+    marker = _read_json(output_dir / ".rapidfire" / "experiment.json")
+    rf_id = marker.get("id") if isinstance(marker, dict) else None
+    # The id goes into a search filter: only the hex ids the tracker writes are accepted.
+    if not isinstance(rf_id, str) or not _HEX_ID.fullmatch(rf_id):
+        return {}, {}, f"{output_dir} was never tracked with MLflow (no experiment id)"
+    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or output_dir.resolve().name
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            return {}, {}, f"no MLflow experiment named {name!r} in {uri}"
+        found = client.search_runs(
+            [exp.experiment_id],
+            filter_string=f"tags.`{ROLE_TAG}` = 'run' and tags.`{EXPERIMENT_TAG}` = '{rf_id}'",
+            max_results=5000,
+        )
+        histories: dict[str, dict[str, list[tuple[int, float]]]] = {}
+        statuses: dict[str, str] = {}
+        for mlflow_run in found:
+            run = mlflow_run.data.tags.get(RUN_TAG)
+            if not run:
+                continue
+            if STATUS_TAG in mlflow_run.data.tags:
+                statuses[run] = mlflow_run.data.tags[STATUS_TAG]
+            series = {}
+            for key in keys:
+                if key not in mlflow_run.data.metrics:
+                    continue
+                points = sorted(client.get_metric_history(mlflow_run.info.run_id, key),
+                                key=lambda m: (m.step, m.timestamp))
+                series[key] = sorted({m.step: float(m.value) for m in points}.items())
+            histories[run] = series
+    except Exception as err:  # noqa: BLE001 - a report still draws from the files on disk
+        return {}, {}, f"MLflow at {uri} could not be read ({type(err).__name__}: {err})"
+    if not histories:
+        return {}, {}, f"MLflow experiment {name!r} in {uri} holds no runs of {output_dir}"
+    return histories, statuses, f"MLflow ({uri}, experiment {name!r})"
+
+
+def load_experiment(
+    output_dir: str | os.PathLike,
+    *,
+    metric: str = "eval_loss",
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+) -> ExperimentData:
+    """Read an experiment back from its ``output_dir``.
+
+    Metrics come from the MLflow store when it holds the experiment's runs (``tracking_uri``
+    defaults to ``MLFLOW_TRACKING_URI`` or ``./mlflow.db``; ``experiment`` to
+    ``MLFLOW_EXPERIMENT_NAME`` or the base name of ``output_dir``, as when tracking), else from
+    each run's ``runs/<run>/final/trainer_state.json`` or its latest boundary checkpoint's.
+    Only the training ``loss`` and ``metric`` (or ``eval_<metric>``) are read.
+
+    Raises:
+        LookupError: ``output_dir`` holds no trl-rapidfire experiment.
+    """
+    root = Path(output_dir)
+    known = [root / "schedule.csv", root / "ops.csv", root / ".rapidfire", root / "runs"]
+    if not root.is_dir() or not any(p.exists() for p in known):
+        raise LookupError(f"{root} holds no trl-rapidfire experiment (no schedule.csv, ops.csv "
+                          "or .rapidfire folder)")
+    schedule = read_schedule_csv(root / "schedule.csv") if (
+        root / "schedule.csv").is_file() else []
+    ops = sorted(_read_ops(root / "ops.csv"), key=lambda o: o.time)
+    state = _scheduler_runs(root)
+
+    keys = [TRAIN_METRIC, metric]
+    if not metric.startswith("eval_"):
+        keys.append(f"eval_{metric}")
+    keys = list(dict.fromkeys(keys))
+    tracked, tags, detail = _mlflow_histories(root, keys, tracking_uri, experiment)
+
+    names = set(state) | {c.run for c in schedule} | set(tracked)
+    names |= {m.group(1) for o in ops if o.applied and (m := _CREATED.search(o.result))}
+    for folder in (root / "runs", root / ".rapidfire" / "checkpoints"):
+        if folder.is_dir():
+            names |= {p.name for p in folder.iterdir() if p.is_dir()}
+    on_disk = _disk_histories(root, sorted(names - set(tracked)), keys)
+
+    runs = {}
+    for name in sorted(names, key=_run_order):
+        rec = state.get(name, {})
+        mine = [c for c in schedule if c.run == name]
+        history = tracked.get(name, on_disk.get(name, {}))
+        steps = rec.get("global_step")
+        if not isinstance(steps, int):
+            logged = [s for series in history.values() for s, _ in series]
+            steps = max([c.end_step for c in mine] + logged, default=None)
+        status = rec.get("status") if isinstance(rec.get("status"), str) else tags.get(name)
+        knobs = rec.get("knobs") if isinstance(rec.get("knobs"), dict) else {}
+        source = "mlflow" if name in tracked else "disk" if name in on_disk else ""
+        runs[name] = RunData(name, status, steps, dict(knobs), history, source)
+
+    if tracked:
+        source = "mlflow"
+        missing = [n for n, r in runs.items() if r.source != "mlflow"]
+        if missing:
+            detail += f"; not in MLflow, from disk: {', '.join(missing)}"
+    else:
+        source = "disk"
+        detail = f"Trainer log histories on disk (trainer_state.json); {detail}"
+    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or root.resolve().name
+    return ExperimentData(root, name, runs, schedule, ops, source, detail)
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+def resolve_metric(data: ExperimentData, metric: str) -> str | None:
+    """The logged key for ``metric``: itself, else ``eval_<metric>`` (``accuracy`` names
+    ``eval_accuracy``, as ``metric_for_best_model`` does); ``None`` if no run logged either."""
+    for key in (metric, f"eval_{metric}"):
+        if any(run.history.get(key) for run in data.runs.values()):
+            return key
+    return None
+
+
+def rank_runs(data: ExperimentData, key: str | None, mode: str | None = None) -> list[RunData]:
+    """The runs best first by their latest ``key``; runs without it last, in run order.
+
+    ``mode``: ``min`` or ``max``; default ``min`` for names ending in ``loss``, else ``max``.
+    """
+    runs = list(data.runs.values())
+    if key is None:
+        return runs
+    mode = mode or ("min" if key.endswith("loss") else "max")
+    sign = 1.0 if mode == "min" else -1.0
+    scored = [r for r in runs if r.latest(key) is not None]
+    unscored = [r for r in runs if r.latest(key) is None]
+    # sorted() is stable: ties keep run order.
+    return sorted(scored, key=lambda r: sign * r.latest(key)) + unscored
+
+
+def _step_at(schedule: Sequence[ChunkRecord], run: str, when: float) -> int:
+    """The run's step at wall-clock time ``when``: the end of its last chunk finished by then."""
+    return max((c.end_step for c in schedule if c.run == run and c.end_time <= when), default=0)
+
+
+def op_markers(data: ExperimentData) -> list[Marker]:
+    """One marker per applied op (rejected and skipped ops changed nothing, so they are not
+    drawn), at the step its result states, else at the run's step when it was applied."""
+    out = []
+    for op in data.ops:
+        if not op.applied or op.verb not in _MARKER_SHAPES or op.run not in data.runs:
+            continue
+        step = op.step if op.step is not None else _step_at(data.schedule, op.run, op.time)
+        out.append(Marker(op.run, op.verb, step, op.by_policy, op.result))
+    return out
+
+
+# ----------------------------------------------------------------------------- drawing
+
+
+def _run_colors(names: Sequence[str]) -> dict[str, Any]:
+    import matplotlib
+
+    if len(names) <= 10:
+        cmap = matplotlib.colormaps["tab10"]
+        return {n: cmap(i) for i, n in enumerate(names)}
+    if len(names) <= 20:
+        cmap = matplotlib.colormaps["tab20"]
+        return {n: cmap(i) for i, n in enumerate(names)}
+    cmap = matplotlib.colormaps["turbo"]
+    return {n: cmap(0.05 + 0.9 * i / (len(names) - 1)) for i, n in enumerate(names)}
+
+
+def _run_label(run: RunData, width: int = 48) -> str:
+    knobs = "  ".join(f"{k}={format_value(v)}" for k, v in run.knobs.items())
+    label = f"{run.name}  {knobs}".rstrip()
+    return label if len(label) <= width else label[: width - 3] + "..."
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _draw_marker(ax: Any, marker: Marker, x: float, y: float, color: Any) -> None:
+    # Filled in the run's colour: a person's op; hollow: a policy's decision.
+    ax.plot([x], [y], linestyle="none", marker=_MARKER_SHAPES[marker.kind],
+            markersize=11 if marker.kind == "clone-warm" else 8,
+            markerfacecolor="white" if marker.by_policy else color,
+            markeredgecolor=color if marker.by_policy else "black", markeredgewidth=1.3,
+            zorder=5, gid=f"op:{marker.run}:{marker.kind}")
+
+
+def plot_learning_curves(
+    data: ExperimentData, path: str | os.PathLike, metric: str | None,
+    markers: Sequence[Marker] | None = None,
+) -> dict[str, int]:
+    """Draw ``learning_curves.png``: one panel for the training ``loss`` and one for
+    ``metric`` (a logged key, e.g. ``eval_loss``; none when ``None`` or ``loss``), one curve
+    per run at its own global step, and the ``markers`` (default :func:`op_markers`) on the
+    curves of their runs.
+
+    Returns:
+        panel (metric key) -> number of run curves drawn in it.
+    """
+    markers = op_markers(data) if markers is None else markers
+    panels = [TRAIN_METRIC] + ([metric] if metric and metric != TRAIN_METRIC else [])
+    names = list(data.runs)
+    colors = _run_colors(names)
+    fig = _new_figure(5.2 * len(panels) + 3.0, 4.6)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    counts: dict[str, int] = {}
+    for ax, key in zip(axes, panels):
+        for run in data.runs.values():
+            series = [(s, v) for s, v in run.history.get(key, []) if math.isfinite(v)]
+            if not series:
+                continue
+            xs = np.array([s for s, _ in series], dtype=float)
+            ys = np.array([v for _, v in series], dtype=float)
+            # Evaluations are a few points per run: dots show where each one was taken.
+            sparse = len(series) <= 40
+            ax.plot(xs, ys, color=colors[run.name], linewidth=1.4, label=_run_label(run),
+                    marker="o" if sparse else None, markersize=3, gid=f"curve:{run.name}")
+            for m in markers:
+                if m.run == run.name:
+                    _draw_marker(ax, m, m.step, float(np.interp(m.step, xs, ys)),
+                                 colors[run.name])
+        counts[key] = sum(1 for line in ax.get_lines()
+                          if str(line.get_gid() or "").startswith("curve:"))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(key if key != TRAIN_METRIC else "loss (training)")
+        ax.set_xlabel("step (each run's own)")
+        ax.set_ylabel(key)
+        ax.grid(True, alpha=0.3)
+        if not counts[key]:
+            ax.text(0.5, 0.5, f"no run logged {key}", transform=ax.transAxes, ha="center",
+                    va="center", color="gray")
+
+    # One legend entry per run, whichever panels it has points in.
+    by_run: dict[str, Line2D] = {}
+    for ax in axes:
+        for line in ax.get_lines():
+            gid = str(line.get_gid() or "")
+            if gid.startswith("curve:"):
+                by_run.setdefault(gid[len("curve:"):], line)
+    handles = [by_run[n] for n in names if n in by_run]
+    labels = [line.get_label() for line in handles]
+    if handles:
+        fig.legend(handles, labels, loc="outside right upper", fontsize="small",
+                   title="runs", ncols=1 if len(handles) <= 18 else 2)
+    kinds = [k for k in _MARKER_SHAPES if any(m.kind == k for m in markers)]
+    if kinds:
+        keys = [Line2D([], [], linestyle="none", marker=_MARKER_SHAPES[k], color="dimgray",
+                       markeredgecolor="black", markersize=8) for k in kinds]
+        texts = [_MARKER_LABELS[k] for k in kinds]
+        if any(m.by_policy for m in markers):
+            keys.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
+                               markeredgecolor="dimgray", markersize=8))
+            texts.append("hollow: by a policy")
+        fig.legend(keys, texts, loc="outside right lower", fontsize="small", title="ops")
+    fig.suptitle(f"{data.name}: learning curves (metrics from {data.source})")
+    fig.savefig(path)
+    return counts
+
+
+def plot_schedule(data: ExperimentData, path: str | os.PathLike) -> int:
+    """Draw ``schedule.png``: one row per worker, one bar per trained chunk from its start to
+    its end (seconds since the first chunk started), coloured by run and labelled with the
+    run's chunk number where the label fits. Returns the number of bars."""
+    chunks = data.schedule
+    workers = sorted({c.worker for c in chunks})
+    fig = _new_figure(10.5, max(3.4, 1.6 + 0.55 * len(workers)))
+    ax = fig.subplots()
+    if not chunks:
+        ax.text(0.5, 0.5, "no chunk trained yet (schedule.csv is empty)", ha="center",
+                va="center", transform=ax.transAxes, color="gray")
+        ax.set_axis_off()
+        fig.savefig(path)
+        return 0
+    colors = _run_colors(list(data.runs))
+    t0 = min(c.start_time for c in chunks)
+    row = {w: i for i, w in enumerate(workers)}
+    labels = []
+    for c in chunks:
+        color = colors.get(c.run, "gray")
+        ax.barh(row[c.worker], c.seconds, left=c.start_time - t0, height=0.7, color=color,
+                edgecolor="white", linewidth=0.6, label=c.run)
+        r, g, b = color[:3] if not isinstance(color, str) else (0.5, 0.5, 0.5)
+        ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
+        labels.append((ax.text(c.start_time - t0 + c.seconds / 2, row[c.worker], str(c.number),
+                               ha="center", va="center", fontsize=7, color=ink), c))
+    ax.set_yticks(range(len(workers)), [f"worker {w}" for w in workers])
+    ax.set_ylim(len(workers) - 0.5, -0.5)  # worker 0 on top
+    ax.set_xlim(0, max(c.end_time for c in chunks) - t0)
+    ax.set_xlabel("seconds since the first chunk started")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    seen = list(dict.fromkeys(c.run for c in chunks))
+    handles = [Line2D([], [], linestyle="none", marker="s", markersize=9,
+                      color=colors.get(n, "gray")) for n in sorted(seen, key=_run_order)]
+    fig.legend(handles, sorted(seen, key=_run_order), loc="outside right upper",
+               fontsize="small", title="runs", ncols=1 if len(seen) <= 18 else 2)
+    span = max(c.end_time for c in chunks) - t0
+    fig.suptitle(f"{data.name}: chunks by worker ({len(chunks)} chunks in {span:.1f} s; "
+                 "numbers: the run's chunk)")
+    # Whether a label fits is known only once the layout has placed the axes.
+    renderer = fig.canvas.get_renderer()
+    fig.draw_without_rendering()
+    for text, c in labels:
+        x0 = ax.transData.transform((c.start_time - t0, 0))[0]
+        x1 = ax.transData.transform((c.end_time - t0, 0))[0]
+        if text.get_window_extent(renderer).width > 0.9 * (x1 - x0):
+            text.remove()
+    fig.savefig(path)
+    return len(chunks)
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("\n", " ").replace("|", "\\|")
+
+
+def summary_markdown(
+    data: ExperimentData, metric: str | None, requested: str = "eval_loss",
+    images: Sequence[str] = (LEARNING_CURVES, SCHEDULE),
+) -> str:
+    """The markdown summary: where the metrics came from, a table of the runs ranked by
+    ``metric`` (a logged key; ``requested`` is what was asked for, named when no run logged
+    it) with status, steps, the metric, the number of ops on each run and the last op's result,
+    then the ``images`` linked."""
+    ranked = rank_runs(data, metric)
+    mode = ("min" if metric.endswith("loss") else "max") if metric else None
+    ops_of: dict[str, list[OpEvent]] = {}
+    for op in data.ops:
+        ops_of.setdefault(op.run, []).append(op)
+    lines = [f"# Experiment report: {_cell(data.name)}", "",
+             f"- output_dir: `{data.output_dir}`",
+             f"- metrics from: {_cell(data.source_detail)}"]
+    if metric:
+        lines.append(f"- ranked by: `{metric}` (latest value, {mode} is best)")
+    else:
+        lines.append(f"- ranked by: no run logged `{requested}`; runs in run order")
+    if data.schedule:
+        span = max(c.end_time for c in data.schedule) - min(c.start_time for c in data.schedule)
+        workers = len({c.worker for c in data.schedule})
+        lines.append(f"- {len(data.runs)} runs, {len(data.schedule)} chunks on {workers} "
+                     f"worker(s) in {span:.1f} s, {len(data.ops)} op(s)")
+    lines += ["", f"| rank | run | status | steps | {metric or requested} | ops | last op | "
+              "knobs |", "| ---: | --- | --- | ---: | ---: | ---: | --- | --- |"]
+    rank = 0
+    for run in ranked:
+        value = run.latest(metric) if metric else None
+        if value is not None:
+            rank += 1
+        mine = ops_of.get(run.name, [])
+        knobs = ", ".join(f"{k}={format_value(v)}" for k, v in run.knobs.items())
+        lines.append("| " + " | ".join(_cell(x) for x in (
+            rank if value is not None else "-", run.name, run.status or "-",
+            "-" if run.steps is None else run.steps, format_value(value), len(mine),
+            mine[-1].result if mine else "", knobs)) + " |")
+    for image in images:
+        title = Path(image).stem.replace("_", " ").capitalize()
+        lines += ["", f"## {title}", "", f"![{title}]({image})"]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(
+    output_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    metric: str = "eval_loss",
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+) -> ReportFiles:
+    """Write ``learning_curves.png``, ``schedule.png`` and ``summary.md`` for the experiment
+    in ``output_dir`` into ``out_dir`` (created if missing).
+
+    Args:
+        metric: the metric to plot beside the training loss and to rank the runs by
+            (``eval_loss``; a name without ``eval_`` also finds ``eval_<name>``); lower is
+            better for names ending in ``loss``, else higher.
+        tracking_uri, experiment: the MLflow store and experiment name, defaulting as when
+            the experiment was tracked (see :func:`load_experiment`).
+
+    Returns:
+        the files written, where the metrics came from, and what was drawn.
+
+    Raises:
+        LookupError: ``output_dir`` holds no trl-rapidfire experiment.
+    """
+    data = load_experiment(output_dir, metric=metric, tracking_uri=tracking_uri,
+                           experiment=experiment)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    key = resolve_metric(data, metric)
+    markers = op_markers(data)
+    curves = plot_learning_curves(data, out / LEARNING_CURVES, key, markers)
+    plot_schedule(data, out / SCHEDULE)
+    (out / SUMMARY).write_text(summary_markdown(data, key, metric), encoding="utf-8")
+    return ReportFiles(out / LEARNING_CURVES, out / SCHEDULE, out / SUMMARY, data.source,
+                       data.source_detail, key, curves, tuple(markers),
+                       tuple(r.name for r in rank_runs(data, key)))
