@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mlflow_server import free_port, mlflow_server, wait_until_up
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
@@ -32,39 +33,10 @@ from trl_rapidfire.testing import (
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    db = tmp_path_factory.mktemp("server") / "mlflow.db"
-    port = _free_port()
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}",
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("mlflow server did not start")
-            time.sleep(0.5)
+    with mlflow_server(tmp_path_factory.mktemp("server") / "mlflow.db") as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
 
 
 def _rest(url: str, path: str, payload: dict | None = None) -> dict:
@@ -174,7 +146,7 @@ def test_ops_from_the_ui_take_effect_at_the_next_boundary(server, tmp_path, monk
 
 
 def test_dashboard_command_serves_the_store_and_stops_cleanly(tmp_path):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "trl_rapidfire.cli", "dashboard", "--port", str(port),
          "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
@@ -183,16 +155,7 @@ def test_dashboard_command_serves_the_store_and_stops_cleanly(tmp_path):
     try:
         first = proc.stdout.readline()
         assert f"http://127.0.0.1:{port}" in first
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "dashboard not up"
-            time.sleep(0.5)
+        wait_until_up(f"http://127.0.0.1:{port}", proc)
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert proc.wait(timeout=60) == 0
         # Nothing is left listening: the server's whole process group went with it.
