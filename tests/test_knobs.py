@@ -384,3 +384,14 @@ def test_knob_from_json_bad_specs_raise(spec, match):
 def test_knob_from_json_rejects_non_bool_log():
     with pytest.raises(KnobError, match="log"):
         knob_from_json({"Range": {"low": 0.1, "high": 1.0, "log": "false"}})
+
+
+def test_a_lora_config_is_described_by_rank_alpha_and_targets():
+    from peft import LoraConfig
+
+    from trl_rapidfire.knobs import describe_value
+
+    assert describe_value(LoraConfig(r=8, lora_alpha=16, target_modules=["v_proj", "q_proj"])) \
+        == "LoraConfig(r=8, alpha=16, targets=['q_proj', 'v_proj'])"
+    assert describe_value(LoraConfig(r=32, lora_alpha=64, target_modules="all-linear")) \
+        == "LoraConfig(r=32, alpha=64, targets='all-linear')"

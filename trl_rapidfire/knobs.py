@@ -276,6 +276,8 @@ def describe_value(value: Any) -> str:
         inner = ", ".join(describe_value(v) for v in value)
         return f"[{inner}]"
     if type(value).__name__ == "LoraConfig":
-        targets = sorted(value.target_modules) if value.target_modules else None
-        return f"LoraConfig(r={value.r}, alpha={value.lora_alpha}, targets={targets})"
+        targets = value.target_modules
+        if targets and not isinstance(targets, str):  # a string is a name or a pattern
+            targets = sorted(targets)
+        return f"LoraConfig(r={value.r}, alpha={value.lora_alpha}, targets={targets!r})"
     return repr(value)
