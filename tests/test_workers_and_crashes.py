@@ -136,7 +136,9 @@ def test_kill_9_mid_chunk_then_rerun_finishes_bitwise_with_one_point_per_step(
 
 def test_an_op_from_the_script_applies_once_with_two_workers(tmp_path):
     out = tmp_path / "exp"
-    _run(_script(out, 2), _env(tmp_path, RF_TEST_STOP="run-2"), tmp_path)
+    # Chunks long enough (40 steps) that the second worker, which starts later, gets some:
+    # with 8-step chunks the first worker could finish all 9 before the second is ready.
+    _run(_script(out, 2), _env(tmp_path, RF_TEST_STOP="run-2", RF_TEST_ROWS="480"), tmp_path)
     ops = (out / "ops.csv").read_text().strip().splitlines()
     assert len(ops) == 2 and ",stop," in ops[1] and "ok: stopped" in ops[1], ops
     rows = read_schedule_csv(out / "schedule.csv")
