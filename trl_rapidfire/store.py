@@ -291,9 +291,10 @@ def fail_claimed(state: ExperimentState, run: str, worker: str, error: str) -> b
     claim = state.claims.get(run)
     gang = state.gang
     if gang is not None and gang["run"] == run and worker in gang["members"]:
-        state.gang = None  # a gang run fails for all its members
-        claim = claim and Claim(worker, claim.chunk, claim.lease_until)
-    if claim is None or claim.worker != worker:
+        state.gang = None  # a gang run fails for all its members, whoever holds the claim
+    elif claim is not None and claim.worker != worker:
+        return False
+    if claim is None:
         return False
     del state.claims[run]
     record = state.runs[run]

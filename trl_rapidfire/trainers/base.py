@@ -478,23 +478,17 @@ class RFTrainerMixin:
                 "together. Start the script with `accelerate launch --num_processes N` (or "
                 "torchrun), N >= 2, or remove fsdp/fsdp_config to train it on one device."
             )
-        kw = dict(spec.trainer_kwargs)
-        if not isinstance(kw.get("model"), str):
+        if not isinstance(spec.trainer_kwargs.get("model"), str):
             raise RFConfigError(
                 f"{spec.name} sets fsdp: pass the model as a name or path, so that its trainer "
                 "loads and shards its own copy."
             )
-        trainer_kwargs = {k: v for k, v in self._rf_shared.items() if k != "quantization_config"}
-        trainer_kwargs.update(kw)
-        trainer_kwargs["callbacks"] = _copy_callbacks(self._rf_shared.get("callbacks"))
         saved = snapshot_accelerate_state()
         try:
             # Its trainer and accelerate state belong to the launch's world; the engine keeps
             # that state with the run and puts it back at each of its turns.
             with in_launch_world():
-                _launch_partial_state(spec.config)
-                trainer = self._run_trainer_class(args=spec.config, rf_adapter=None,
-                                                  **trainer_kwargs)
+                trainer = self._rf_build_gang_trainer(spec)
                 slot = self._rf_engine.add_run(
                     name=spec.name, index=spec.index, knobs=spec.knobs, trainer=trainer,
                     group=None, adapter=None, params=[],
@@ -522,27 +516,34 @@ class RFTrainerMixin:
             kw.pop(key, None)
         if kw.get("processing_class") is None:
             kw["processing_class"] = group.processing_class
-        shared = self._rf_shared
         # The trainer moves the model to the device: make room for it there first.
         self._rf_pool.make_room(group, spec.config.device)
-        trainer_kwargs = {k: v for k, v in shared.items() if k != "quantization_config"}
-        trainer_kwargs.update(kw)
-        trainer_kwargs["callbacks"] = _copy_callbacks(shared.get("callbacks"))
         return self._run_trainer_class(
-            model=group.model, args=spec.config, rf_adapter=adapter, **trainer_kwargs
+            model=group.model, args=spec.config, rf_adapter=adapter, **self._rf_trainer_kwargs(kw)
         )
+
+    def _rf_trainer_kwargs(self, own: dict[str, Any]) -> dict[str, Any]:
+        """A run's trainer arguments: the shared ones (the pool applies the quantization
+        config when it loads a model), the run's own, and its own copies of the callbacks."""
+        kwargs = {k: v for k, v in self._rf_shared.items() if k != "quantization_config"}
+        kwargs.update(own)
+        kwargs["callbacks"] = _copy_callbacks(self._rf_shared.get("callbacks"))
+        return kwargs
+
+    def _rf_build_gang_trainer(self, spec: RunSpec) -> Any:
+        """A gang run's trainer, as plain TRL builds it (it loads its own model); call it in
+        the launch's world (``in_launch_world``)."""
+        _launch_partial_state(spec.config)
+        return self._run_trainer_class(args=spec.config, rf_adapter=None,
+                                       **self._rf_trainer_kwargs(spec.trainer_kwargs))
 
     def _rf_rebuild(self, slot: Any) -> Any:
         """A fresh trainer for a run that continues from its checkpoint (it was trained by
         another worker, or by the process before a crash), on the same model and adapter."""
         spec = self._rf_specs[slot.name]
         if slot.gang:
-            kw = {**{k: v for k, v in self._rf_shared.items() if k != "quantization_config"},
-                  **spec.trainer_kwargs}
-            kw["callbacks"] = _copy_callbacks(self._rf_shared.get("callbacks"))
             with in_launch_world():
-                _launch_partial_state(spec.config)
-                return self._run_trainer_class(args=spec.config, rf_adapter=None, **kw)
+                return self._rf_build_gang_trainer(spec)
         return self._rf_build_trainer(spec, slot.group, slot.adapter)
 
     def _rf_clone(self, parent: Any, op: Op, *, name: str | None = None,
