@@ -19,11 +19,13 @@ On GPUs, with a real model::
 
     accelerate launch --num_processes 4 examples/sft_fsdp.py --model meta-llama/Llama-3.1-8B
 
-Offline on a CPU (tiny model; there accelerate trains ``fsdp`` configs data-parallel, since
-its FSDP mode needs GPUs, so this shows the scheduling, not the sharding)::
+Offline on a CPU (tiny model). accelerate's FSDP mode is for GPUs: on a CPU it trains
+``fsdp`` configs data-parallel, unless ``--shard-on-cpu`` puts it in FSDP mode there too
+(``trl_rapidfire.testing.fsdp_on_cpu``; FSDP2 over gloo; the lite runs then keep their
+parameters in place, since a CPU has nowhere to offload them to)::
 
     OMP_NUM_THREADS=1 accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \\
-        --mixed_precision no --dynamo_backend no examples/sft_fsdp.py
+        --mixed_precision no --dynamo_backend no examples/sft_fsdp.py --shard-on-cpu
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-dir", help="experiment folder (default: a temp folder)")
     parser.add_argument("--rows", type=int, default=64, help="generated training rows")
     parser.add_argument("--num-chunks", type=int, default=3)
+    parser.add_argument("--shard-on-cpu", action="store_true",
+                        help="shard with FSDP on a CPU too (accelerate does so only on GPUs)")
     return parser.parse_args(argv)
 
 
@@ -61,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
     from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
     from trl_rapidfire.testing import (
         cpu_training_kwargs,
+        fsdp_on_cpu,
         make_sft_dataset,
         tiny_lora_config,
         tiny_model_path,
@@ -68,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> Any:
     from trl_rapidfire.workers import current_worker
 
     args = parse_args(argv)
+    lite = SEED_FSDP_LITE
+    if args.shard_on_cpu:
+        fsdp_on_cpu()
+        lite = {**SEED_FSDP_LITE, "offload_params": False}  # torch offloads to CPU from GPUs
     tiny = args.model is None
     device_kwargs: dict[str, Any] = (
         dict(cpu_training_kwargs(), use_cpu=True) if tiny
@@ -80,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
             output_dir=output_dir,
             learning_rate=List([3e-3, 1e-3] if tiny else [2e-4, 5e-5]),
             fsdp="full_shard auto_wrap",
-            fsdp_config=List([SEED_FSDP_LITE, SEED_FSDP_LARGE]),   # the knob: lite vs large
+            fsdp_config=List([lite, SEED_FSDP_LARGE]),   # the knob: lite vs large
             per_device_train_batch_size=4, num_train_epochs=1, num_chunks=args.num_chunks,
             seed=0, **device_kwargs,
         )
@@ -98,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
     if first:
         print(f"\n{'run':6} {'fsdp':6} {'learning_rate':>13} {'steps':>5} {'train_loss':>10}")
         for run in trainer.runs:
-            fsdp = "lite" if run.knobs["fsdp_config"].get("cpu_offload") else "large"
+            fsdp = "lite" if run.knobs["fsdp_config"].get("forward_prefetch") else "large"
             print(f"{run.name:6} {fsdp:6} {run.knobs['learning_rate']:13g} "
                   f"{run.global_step:5d} {run.metrics.get('train_loss', float('nan')):10.4f}")
         print(f"\nadapters in {output_dir}/runs/<run>/final/", flush=True)

@@ -8,7 +8,12 @@ the multi-process gang tests, and the plain-TRL references they are compared wit
 ``RF_TEST_KILL=<run>:<step>`` kills the whole launch (``kill -9`` of its process group) when
 that run begins that step, mid-chunk. ``RF_TEST_STOP=<run>:<step>`` stops that run from the
 script when it begins that step (the stop applies at its next chunk boundary), and resumes it
-in a second ``train()``.
+in a second ``train()``. ``RF_TEST_CLONE=<run>:<step>`` asks for warm clones of that run then
+and prints digests of every gang run's state at every step. ``RF_TEST_STATE_DICT`` sets
+``fsdp_config["state_dict_type"]`` (how checkpoints hold weights and moments).
+
+Both modes first call ``trl_rapidfire.testing.fsdp_on_cpu()``: accelerate shards FSDP runs on
+CPU as it does on GPUs (FSDP2, gloo), so the gang runs and their references train sharded.
 
 ``plain``: one plain SFTTrainer with that learning rate, with or without fsdp (1 = on), the
 same settings otherwise; under the launch when fsdp is on (the gang's reference), alone when
@@ -25,7 +30,9 @@ from transformers import TrainerCallback
 
 LEARNING_RATES = [1e-3, 3e-3]
 FSDP = "full_shard auto_wrap"
-FSDP_CONFIG = {"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}
+FSDP_CONFIG = {"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+               # how boundary checkpoints hold the weights and moments: gathered or per shard
+               "state_dict_type": os.environ.get("RF_TEST_STATE_DICT", "FULL_STATE_DICT")}
 
 
 def _common() -> dict:
@@ -36,20 +43,75 @@ def _common() -> dict:
                 lr_scheduler_type="linear", warmup_steps=2)
 
 
-class StopAt(TrainerCallback):
-    """Asks the experiment to stop ``run`` when it begins ``step`` (from the script, as a
-    person would: every worker asks, the first applies it at the run's next boundary)."""
+class OpsAt(TrainerCallback):
+    """Asks the experiment for ops on ``run`` when it begins ``step`` (from the script, as a
+    person would: every worker asks, the first applies them at the run's next boundary).
+    ``ask(trainer, run)`` queues them."""
 
     trainer = None
 
-    def __init__(self, run: str, step: int) -> None:
-        self.run, self.step, self.done = run, step, False
+    def __init__(self, run: str, step: int, ask) -> None:
+        self.run, self.step, self.ask, self.done = run, step, ask, False
 
     def on_step_begin(self, args, state, control, **kwargs):
         if args.output_dir.endswith(self.run) and state.global_step == self.step \
                 and not self.done:
             self.done = True
-            StopAt.trainer.stop(self.run)
+            self.ask(OpsAt.trainer, self.run)
+
+
+def _stop(trainer, run):
+    trainer.stop(run)
+
+
+def _clone(trainer, run):
+    trainer.clone(run, {"learning_rate": 2e-3}, warm=True)
+    trainer.clone(run, {"fsdp": ""}, warm=True)  # refused: not a gang like its parent
+
+
+def _say(line: str) -> None:
+    # One write per line: two processes share the pipe, and print() writes the end apart.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+class ReportSharding(TrainerCallback):
+    """Prints, once per run and process, whether the run's trainable weights are FSDP shards
+    (``DTensor``) or whole tensors, so the tests can tell sharded training from DDP."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        run = os.path.basename(args.output_dir)
+        if run not in self.seen and model is not None:
+            self.seen.add(run)
+            kinds = {type(p).__name__ for p in model.parameters() if p.requires_grad}
+            _say(f"weights of {run}: {sorted(kinds)}")
+
+
+class ReportState(TrainerCallback):
+    """Prints a digest of each gang run's gathered trainable weights and Adam moments, and its
+    learning rate, at the start of every step (every member gathers: a collective)."""
+
+    def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        import hashlib
+
+        from torch.distributed.tensor import DTensor
+
+        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not params or not isinstance(params[0][1], DTensor):
+            return
+        whole = lambda t: (t.full_tensor() if isinstance(t, DTensor) else t).detach()  # noqa: E731
+        weights, moments = hashlib.sha256(), hashlib.sha256()
+        for name, p in params:
+            weights.update(name.encode() + whole(p).contiguous().numpy().tobytes())
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in optimizer.state.get(p, {}):
+                    moments.update(whole(optimizer.state[p][key]).contiguous().numpy().tobytes())
+        lr = optimizer.param_groups[0]["lr"]
+        _say(f"state of {os.path.basename(args.output_dir)} at step {state.global_step}: "
+             f"weights {weights.hexdigest()[:16]} moments {moments.hexdigest()[:16]} lr {lr:g}")
 
 
 def rf(output_dir: str) -> None:
@@ -59,11 +121,15 @@ def rf(output_dir: str) -> None:
     config = RFSFTConfig(output_dir=output_dir, learning_rate=List(LEARNING_RATES),
                          fsdp=List([FSDP, ""]), fsdp_config=FSDP_CONFIG, num_chunks=3,
                          **_common())
-    callbacks: list = []
+    callbacks: list = [ReportSharding()]
     stop = os.environ.get("RF_TEST_STOP")
     if stop:
         stop_run, stop_step = stop.split(":")
-        callbacks.append(StopAt(stop_run, int(stop_step)))
+        callbacks.append(OpsAt(stop_run, int(stop_step), _stop))
+    clone = os.environ.get("RF_TEST_CLONE")
+    if clone:
+        clone_run, clone_step = clone.split(":")
+        callbacks += [OpsAt(clone_run, int(clone_step), _clone), ReportState()]
     if os.environ.get("RF_TEST_KILL"):
         from experiment_script import KillAt
 
@@ -72,8 +138,8 @@ def rf(output_dir: str) -> None:
     trainer = RFSFTTrainer(model=tiny_model_path(), args=config,
                            train_dataset=make_sft_dataset(48, seed=1),
                            peft_config=tiny_lora_config(r=4), callbacks=callbacks)
+    OpsAt.trainer = trainer
     if stop:
-        StopAt.trainer = trainer
         trainer.train()
         print("after stop:", {r.name: (r.status.value, r.global_step) for r in trainer.runs},
               flush=True)
@@ -98,7 +164,14 @@ def plain(output_dir: str, lr: float, fsdp: bool) -> None:
 
 
 if __name__ == "__main__":
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks of a stuck test
     torch.set_num_threads(1)
+    from trl_rapidfire.testing import fsdp_on_cpu
+
+    fsdp_on_cpu()  # shard on CPU as on GPUs (the references too)
     if sys.argv[1] == "rf":
         rf(sys.argv[2])
     else:

@@ -72,6 +72,13 @@ def test_op_commands_set_the_tag_the_experiment_reads(experiment, capsys):
     assert "rapidfire.op" not in _tags(uri, rf, "run-0")
     assert _tags(uri, rf, "run-0")["rapidfire.op.result"] == results["run-0"]
     assert "applies at the experiment's next chunk boundary" in capsys.readouterr().out
+    # The other op commands write their tags the same way (the docs show each of them).
+    assert main(["resume", "run-1", "--uri", uri]) == 0
+    assert _tags(uri, rf, "run-1")["rapidfire.op"] == "resume"
+    assert main(["delete", "run-2", "--uri", uri]) == 0
+    assert _tags(uri, rf, "run-2")["rapidfire.op"] == "delete"
+    assert main(["clone", "run-0", "--set", "learning_rate=1e-4", "--warm", "--uri", uri]) == 0
+    assert _tags(uri, rf, "run-0")["rapidfire.op"] == 'clone-warm {"learning_rate": 0.0001}'
 
 
 @pytest.mark.parametrize(

@@ -5,16 +5,17 @@ The multi-process tests launch ``tests/gang_script.py`` with ``accelerate launch
 tensor for tensor, with plain TRL: a gang run with the same config trained by ``SFTTrainer``
 under the same launch, a single-device run with ``SFTTrainer`` in one process.
 
-On CPU, accelerate 1.15 never selects FSDP (its FSDP mode is reserved for GPU-like devices:
-``accelerate/state.py``, ``AcceleratorState.__init__``): a config with ``fsdp`` set trains as
-data-parallel over the launch, in plain TRL and here alike. What these tests pin down is
-ours: the gang's scheduling among single runs, the switch between the launch's world and a
-world of one, collective checkpoints, stop/resume and resume after ``kill -9``. The sharding
-itself is transformers' and accelerate's, exercised on GPUs.
+On CPU, accelerate 1.15 never selects FSDP by itself (its FSDP mode is reserved for GPU-like
+devices: ``accelerate/state.py``, ``AcceleratorState.__init__``), and a config with ``fsdp``
+would train data-parallel. Both sides here call ``trl_rapidfire.testing.fsdp_on_cpu()`` first,
+so accelerate applies FSDP2's ``fully_shard`` as on GPUs: gang runs train on ``DTensor`` shards
+(checked), and their checkpoints go through the Trainer's FSDP routines, gathered
+(``FULL_STATE_DICT``) or one file per shard (``SHARDED_STATE_DICT``, the kill test).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -71,6 +72,11 @@ def test_gang_and_single_runs_interleave_and_equal_plain_trl(references, tmp_pat
     out = tmp_path / "exp"
     proc = _run([*ACCELERATE, str(SCRIPT), "rf", str(out)], _env(tmp_path), tmp_path)
     assert "'completed', 6)" in proc.stdout and "'completed', 12)" in proc.stdout
+    # Gang runs train on FSDP shards, single runs on whole tensors.
+    for run in ("run-0", "run-2"):
+        assert f"weights of {run}: ['DTensor']" in proc.stdout
+    for run in ("run-1", "run-3"):
+        assert f"weights of {run}: ['Parameter']" in proc.stdout
     _assert_equal_to_references(out, references)
     rows = (out / "schedule.csv").read_text().splitlines()[1:]
     chunks = [row.split(",")[0] for row in rows]
@@ -92,12 +98,52 @@ def test_a_gang_run_stopped_mid_flight_resumes_exactly(references, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_kill_mid_gang_chunk_resumes_exactly(references, tmp_path):
+def test_a_kill_mid_gang_chunk_resumes_exactly_from_per_shard_checkpoints(references, tmp_path):
     out = tmp_path / "exp"
-    _run([*ACCELERATE, str(SCRIPT), "rf", str(out)], _env(tmp_path, RF_TEST_KILL="run-0:3"),
-         tmp_path, expect_kill=True)
+    sharded = {"RF_TEST_STATE_DICT": "SHARDED_STATE_DICT"}
+    _run([*ACCELERATE, str(SCRIPT), "rf", str(out)],
+         _env(tmp_path, RF_TEST_KILL="run-0:3", **sharded), tmp_path, expect_kill=True)
     assert not (out / "runs" / "run-0" / "final").exists()
-    _run([*ACCELERATE, str(SCRIPT), "rf", str(out)], _env(tmp_path), tmp_path)
+    # The boundary checkpoint it resumes from: weights and moments one file per shard.
+    ckpt = out / ".rapidfire" / "checkpoints" / "run-0" / "checkpoint-2"
+    for folder in ("pytorch_model_fsdp_0", "optimizer_0"):
+        assert sorted(p.name for p in (ckpt / folder).glob("*.distcp")) == \
+            ["__0_0.distcp", "__1_0.distcp"]
+    _run([*ACCELERATE, str(SCRIPT), "rf", str(out)], _env(tmp_path, **sharded), tmp_path)
+    _assert_equal_to_references(out, references)
+
+
+def _states(stdout: str) -> dict[tuple[str, int], tuple[str, str, float]]:
+    """``(run, step) -> (weights digest, moments digest, learning rate)`` from the script."""
+    found = re.findall(r"state of (run-\d+) at step (\d+): weights (\w+) moments (\w+) lr (\S+)",
+                       stdout)
+    return {(run, int(step)): (w, m, float(lr)) for run, step, w, m, lr in found}
+
+
+@pytest.mark.slow
+def test_a_warm_clone_of_a_gang_run_starts_from_its_shards_with_its_own_schedule(
+    references, tmp_path
+):
+    out = tmp_path / "exp"
+    proc = _run([*ACCELERATE, str(SCRIPT), "rf", str(out)],
+                _env(tmp_path, RF_TEST_CLONE="run-0:3", RF_TEST_STATE_DICT="SHARDED_STATE_DICT"),
+                tmp_path)
+    ops = (out / "ops.csv").read_text()
+    assert "ok: created run-4 warm-started from run-0" in ops
+    assert "error: run-0: a warm start between an FSDP run and a single-device run" in ops
+    assert "'run-4': ({'learning_rate': 0.002, 'fsdp': 'full_shard auto_wrap'}, " \
+           "'completed', 6)" in proc.stdout
+    states = _states(proc.stdout)
+    # Asked for during run-0's second chunk, made at its end (step 4): the clone's first step
+    # starts from run-0's gathered weights and Adam moments there ...
+    assert states[("run-4", 0)][:2] == states[("run-0", 4)][:2]
+    assert states[("run-4", 0)][:2] != states[("run-0", 2)][:2]
+    # ... with its own learning rate and schedule: linear warm-up from 0 over 2 steps to 2e-3,
+    # then down to 0 at step 6 (run-0's own rate at step 4 was 5e-4).
+    assert [states[("run-4", s)][2] for s in range(6)] == \
+        pytest.approx([0, 1e-3, 2e-3, 1.5e-3, 1e-3, 5e-4])
+    assert states[("run-0", 4)][2] == pytest.approx(5e-4)
+    # The runs it was cloned among still end as plain TRL would have trained them.
     _assert_equal_to_references(out, references)
 
 
@@ -124,5 +170,8 @@ def test_the_fsdp_example_runs_under_a_launch(tmp_path):
                                              ("run-2", "lite"), ("run-3", "large")]
     assert all(r[3] == "4" for r in lines)  # 32 rows / (4 a batch x 2 workers)
     assert "'cpu_offload': True" in proc.stdout  # the seed's offload_params, mapped
+    # Without fsdp_on_cpu() nothing is sharded on a CPU: said, not silently ignored.
+    assert "No GPU: accelerate selects FSDP only on GPUs" in proc.stderr
+    assert "has no effect (cpu_offload included)" in proc.stderr
     for run in ("run-0", "run-1", "run-2", "run-3"):
         assert (tmp_path / "exp" / "runs" / run / "final" / "adapter_model.safetensors").exists()

@@ -485,14 +485,30 @@ def _gang_config(parent: type, kwargs: dict[str, Any]) -> Any:
     if not current_worker().launched:
         with preserved_accelerate_state():
             return parent(**kwargs)
-    if kwargs.get("ddp_backend") is None and not _cuda():
-        kwargs["ddp_backend"] = "gloo"  # the only process group a CPU machine has
+    if not _cuda():
+        if kwargs.get("ddp_backend") is None:
+            kwargs["ddp_backend"] = "gloo"  # the only process group a CPU machine has
+        if not _fsdp_on_cpu():
+            fsdp_config = kwargs.get("fsdp_config") or {}
+            offload = " (cpu_offload included)" if isinstance(fsdp_config, dict) and (
+                fsdp_config.get("cpu_offload") or fsdp_config.get("offload_params")) else ""
+            warnings.warn(
+                "No GPU: accelerate selects FSDP only on GPUs, so on this machine the FSDP runs "
+                "train data-parallel over the launch, as plain TRL would, and fsdp_config has "
+                f"no effect{offload}.", UserWarning, stacklevel=4)
     saved = snapshot_accelerate_state()
     try:
         with in_launch_world():
             return parent(**kwargs)
     finally:
         restore_accelerate_state(saved)
+
+
+def _fsdp_on_cpu() -> bool:
+    """Whether ``trl_rapidfire.testing.fsdp_on_cpu()`` put accelerate in FSDP mode on CPU."""
+    from accelerate.state import AcceleratorState
+
+    return bool(getattr(AcceleratorState.__init__, "_rf_fsdp_on_cpu", False))
 
 
 def _check_warmup_ratio(ratio: Any, warmup_steps: Any) -> None:

@@ -76,6 +76,21 @@ def write_atomically(target: str | os.PathLike, write: Callable[[Path], None]) -
         raise
 
 
+def link_folder(source: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """A copy of the folder ``source`` at ``target``, made of hard links where the file
+    system allows (checkpoint files are written once and never changed in place, so a link is
+    as good as a copy and costs nothing), written atomically."""
+
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    return write_atomically(target, lambda tmp: shutil.copytree(
+        source, tmp, copy_function=link_or_copy, dirs_exist_ok=True))
+
+
 def write_atomically_together(target: str | os.PathLike,
                               write: Callable[[Path], None]) -> Path:
     """:func:`write_atomically` for the workers of a gang (one distributed job): each writes

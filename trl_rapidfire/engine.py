@@ -143,6 +143,9 @@ class RunSlot:
     warm_optimizer_state: list[dict[str, Any] | None] | None = None
     # A warm clone's starting values and moments, written for other workers to build it from.
     warm_state_tree: dict[str, Any] | None = None
+    # A gang clone's start: a copy of its parent's boundary checkpoint (weights and moments,
+    # sharded or gathered as the parent's FSDP settings saved them), loaded in its first turn.
+    warm_checkpoint: Path | None = None
     # Where the run's boundary checkpoints go (``<output_dir>/.rapidfire/checkpoints/<run>``).
     checkpoints: Path | None = None
     # Chunks this worker's live train() has done: behind the shared state's count, the run
@@ -209,6 +212,10 @@ class ChunkCallback(TrainerCallback):
         slot = self.slot
         if slot.warm_optimizer_state is not None:
             self.engine.load_warm_optimizer_state(slot)
+        if slot.warm_checkpoint is not None:
+            if state.global_step == 0:
+                slot.trainer._rf_warm_start_from(slot.warm_checkpoint)
+            slot.warm_checkpoint = None
         if train_dataloader is not None and hasattr(train_dataloader, "__len__"):
             # The dataloader the Trainer built is the truth (GRPO repeats every generation
             # batch, a sampler may drop batches): plan from it before the first step.
@@ -671,7 +678,7 @@ class Engine:
         parent = self.slots.get(info["parent"])
         if parent is None or self.clone_builder is None:
             raise RuntimeError(f"cannot build clone {name}: parent {info['parent']} unknown")
-        warm = self.output_dir / ".rapidfire" / "warm" / name
+        warm = self.warm_dir(name)
         self.clone_builder(parent, parse_op(info["op"]), name=name,
                            warm_from=warm if warm.is_dir() else None)
         if self._progress is not None:
@@ -755,6 +762,7 @@ class Engine:
         slot.resume_from = ckpt
         slot.needs_load = True
         slot.warm_optimizer_state = None  # a warm clone's start: its checkpoint supersedes it
+        slot.warm_checkpoint = None
         slot._yielded_at = {step}
         slot.finished = False
         slot.local_chunks = done
@@ -859,6 +867,7 @@ class Engine:
             with self.store.transaction(durable=False) as st:
                 expire(st, now=time.time())  # a member that died ends the gang
                 if st.gang is None or self.worker.id not in st.gang["done"]:
+                    self._sync(st)  # the chunk as the last member recorded it
                     return
             time.sleep(self.idle_wait)
 
@@ -1213,12 +1222,13 @@ class Engine:
             name = f"run-{max(taken) + 1}"
             clone = self.clone_builder(slot, op, name=name)
             st.add_run(clone.name, len(clone.plan), _json_knobs(clone.knobs))
+            if clone.gang:
+                st.gang_size[clone.name] = clone.gang
             st.runs[clone.name].parent = clone.state.parent
             st.runs[clone.name].warm_start = clone.state.warm_start
             st.clones[clone.name] = {"parent": run, "op": str(op)}
             if op.warm and clone.warm_state_tree is not None:
-                save_tree(clone.warm_state_tree,
-                          self.output_dir / ".rapidfire" / "warm" / clone.name)
+                save_tree(clone.warm_state_tree, self.warm_dir(clone.name))
             self._sync(st)
         if self._progress is not None:
             self._progress.set_total(self.total_chunks)
@@ -1236,13 +1246,22 @@ class Engine:
         except LookupError as err:
             raise OpError(f"{slot.name} has no weights to start from") from err
 
-    def _state_on_disk(self, slot: RunSlot) -> tuple[list[torch.Tensor], list[Any]]:
+    def warm_dir(self, name: str) -> Path:
+        """Where a warm clone's starting state is kept for the other workers and re-runs."""
+        return self.output_dir / ".rapidfire" / "warm" / name
+
+    def last_checkpoint(self, slot: RunSlot) -> Path:
+        """``slot``'s checkpoint at its last finished chunk (to warm-start a clone from)."""
         ckpt = checkpoint_at(slot.checkpoints, slot.state.global_step) if slot.checkpoints \
             else None
         if ckpt is None:
             raise OpError(f"{slot.name} has no checkpoint at step {slot.state.global_step} to "
                           "warm-start from (a finished run keeps only its final weights); use "
                           "`clone`")
+        return ckpt
+
+    def _state_on_disk(self, slot: RunSlot) -> tuple[list[torch.Tensor], list[Any]]:
+        ckpt = self.last_checkpoint(slot)
         model = slot.group.model
         if slot.adapter is not None:
             slot.group.attach(slot.adapter)  # its parameters' names are read from the model

@@ -38,6 +38,7 @@ __all__ = [
     "build_model",
     "build_tokenizer",
     "cpu_training_kwargs",
+    "fsdp_on_cpu",
     "make_dpo_dataset",
     "make_grpo_dataset",
     "make_sft_dataset",
@@ -431,3 +432,38 @@ def tiny_lora_config(
     options: dict[str, Any] = {"lora_alpha": 2 * r, "lora_dropout": 0.0, "task_type": "CAUSAL_LM"}
     options.update(kwargs)
     return LoraConfig(r=r, target_modules=list(target_modules), **options)
+
+
+def fsdp_on_cpu() -> None:
+    """Make accelerate shard a trainer's model with FSDP on CPU, as it does on GPUs (tests).
+
+    accelerate selects its FSDP mode only for GPU-like devices: on CPU a trainer given
+    ``fsdp``/``fsdp_config`` under a launch is wrapped in DDP instead, silently, so neither
+    plain TRL nor trl-rapidfire would ever run the sharded path here. After this call (once per
+    process, before any trainer is built), an ``AcceleratorState`` that holds an FSDP plugin
+    in a multi-process CPU world is in FSDP mode: ``Accelerator.prepare`` applies FSDP2's
+    ``fully_shard`` (gloo collectives), parameters become ``DTensor`` shards, and the
+    Trainer's FSDP checkpoint routines run. It is checked after every ``AcceleratorState()``
+    construction because each one copies the process state's (CPU) mode over its own.
+
+    Tests use it on both sides of an equivalence, the reference trained by plain TRL and the
+    run trained by trl-rapidfire, so both shard.
+    """
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
+
+    if getattr(AcceleratorState.__init__, "_rf_fsdp_on_cpu", False):
+        return
+    original = AcceleratorState.__init__
+
+    def init(self: Any, *args: Any, fsdp_plugin: Any = None, **kwargs: Any) -> None:
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if self.distributed_type != DistributedType.MULTI_CPU:
+            return
+        if fsdp_plugin is not None and getattr(self, "fsdp_plugin", None) is None:
+            self.fsdp_plugin = fsdp_plugin  # what accelerate does for GPUs
+        if getattr(self, "fsdp_plugin", None) is not None:
+            self.distributed_type = DistributedType.FSDP
+
+    init._rf_fsdp_on_cpu = True  # type: ignore[attr-defined]
+    AcceleratorState.__init__ = init  # type: ignore[method-assign]

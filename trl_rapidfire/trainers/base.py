@@ -37,7 +37,7 @@ from ..accelerate_state import (
 from ..cache import StateCache, load_tree
 from ..configs import RFConfigError, RFConfigMixin, is_gang_config
 from ..control import Op, OpError, OpRecord, resolve_overrides
-from ..durable import commit_folder, start_folder
+from ..durable import commit_folder, link_folder, start_folder
 from ..engine import Engine, RunFailure
 from ..knobs import KnobError, describe_value, is_knob
 from ..models import ModelPool, adapter_name, adapter_params
@@ -82,6 +82,32 @@ class RunTrainerMixin:
         """Chunk boundaries fall on multiples of this many optimizer steps (GRPO: whole
         generation cycles)."""
         return 1
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The Trainer's ``save_model``; under FSDP with a sharded state dict it saves the
+        gathered weights (transformers writes nothing there: the shards are in checkpoints),
+        as with ``FULL_STATE_DICT``, so a run's final folder always holds its adapter."""
+        if not _internal_call and _fsdp_sharded_state_dict(self):
+            state_dict = self.accelerator.get_state_dict(self.model)  # a collective
+            self._save(output_dir if output_dir is not None else self.args.output_dir,
+                       state_dict=state_dict)
+            return
+        super().save_model(output_dir, _internal_call=_internal_call)
+
+    def _rf_warm_start_from(self, checkpoint: Path) -> None:
+        """Inside ``train()``, before the first step: start from the weights and optimizer
+        moments in another run's boundary checkpoint (a warm clone of an FSDP run), read by the
+        Trainer's own resume routines, which know FSDP's sharded and gathered layouts. The
+        run keeps its own hyperparameters (the optimizer's param groups), LR schedule, data
+        order and step count."""
+        self._load_from_checkpoint(str(checkpoint), self.model_wrapped)
+        own_groups = [{k: v for k, v in g.items() if k != "params"}
+                      for g in self.optimizer.param_groups]
+        schedule = copy.deepcopy(self.lr_scheduler.state_dict())
+        self._load_optimizer_and_scheduler(str(checkpoint))
+        for group, own in zip(self.optimizer.param_groups, own_groups):
+            group.update(own)
+        self.lr_scheduler.load_state_dict(schedule)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         adapter = self._rf_adapter
@@ -229,6 +255,35 @@ class RunTrainerMixin:
         if self._rf_flop_params is None:
             self._rf_flop_params = _count_params_of(self.model, self._rf_adapter)
         return 6 * inputs[main_input].numel() * self._rf_flop_params
+
+
+def _fsdp_sharded_state_dict(trainer: Any) -> bool:
+    """Whether ``trainer`` is an FSDP trainer whose checkpoints hold weights per shard."""
+    if not getattr(trainer, "is_fsdp_enabled", False):
+        return False
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    return plugin is not None and "FULL_STATE_DICT" not in str(plugin.state_dict_type)
+
+
+@contextlib.contextmanager
+def _without_barriers() -> Any:
+    """Build a gang run's trainer without the launch-wide barriers TRL puts around dataset
+    preparation (``main_process_first``: the main process fills the datasets cache first).
+
+    Each member builds a clone's trainer when it learns of the clone, and rebuilds a run's
+    trainer when it claims the run, at its own time: a barrier there waits for a member that
+    is training something else, or holds the shared state's lock, and never comes (a
+    deadlock, seen with two workers). Without it every member prepares the data itself, which
+    at worst repeats work the cache would have saved; the gang's collectives start only in
+    ``train()``, after the members have met (``Engine._wait_for_gang``)."""
+    from accelerate.state import PartialState
+
+    original = PartialState.wait_for_everyone
+    PartialState.wait_for_everyone = lambda self: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        PartialState.wait_for_everyone = original  # type: ignore[method-assign]
 
 
 def _launch_partial_state(config: Any) -> None:
@@ -534,8 +589,9 @@ class RFTrainerMixin:
         """A gang run's trainer, as plain TRL builds it (it loads its own model); call it in
         the launch's world (``in_launch_world``)."""
         _launch_partial_state(spec.config)
-        return self._run_trainer_class(args=spec.config, rf_adapter=None,
-                                       **self._rf_trainer_kwargs(spec.trainer_kwargs))
+        with _without_barriers():
+            return self._run_trainer_class(args=spec.config, rf_adapter=None,
+                                           **self._rf_trainer_kwargs(spec.trainer_kwargs))
 
     def _rf_rebuild(self, slot: Any) -> Any:
         """A fresh trainer for a run that continues from its checkpoint (it was trained by
@@ -580,10 +636,11 @@ class RFTrainerMixin:
             check_run(config, trainer_kwargs)
         except (RFConfigError, PreflightError, KnobError, ValueError, TypeError) as err:
             raise OpError(f"invalid clone of {parent.name}: {err}") from None
-        if op.warm and (parent.gang or is_gang_config(config)):
-            raise OpError(f"{parent.name}: a warm start from or into an FSDP run is not "
-                          "supported yet (its weights and moments are sharded over the gang); "
-                          "use `clone`")
+        if op.warm and bool(parent.gang) != is_gang_config(config):
+            raise OpError(f"{parent.name}: a warm start between an FSDP run and a single-device "
+                          "run is not supported (the one's weights and moments are sharded over "
+                          "the gang, the other's are whole); use `clone`, or keep the parent's "
+                          "fsdp settings")
         new_spec = RunSpec(name=name, index=index, knobs=knobs, config=config,
                            trainer_kwargs=trainer_kwargs)
         tags = {"rapidfire.parent": parent.name, "rapidfire.warm_start": str(op.warm).lower()}
@@ -612,6 +669,14 @@ class RFTrainerMixin:
                 group._tuner_layers = group._aux_modules = None
 
     def _rf_warm_start(self, slot: Any, parent: Any, warm_from: Path | None = None) -> None:
+        if slot.gang:
+            # Its parent's checkpoint as of now, kept for the clone (the parent's own copy is
+            # pruned as it trains on); every member loads it in the clone's first turn.
+            if warm_from is None:
+                engine = self._rf_engine
+                warm_from = link_folder(engine.last_checkpoint(parent), engine.warm_dir(slot.name))
+            slot.warm_checkpoint = Path(warm_from)
+            return
         if warm_from is not None:  # made by another worker, or before a re-run
             tree = load_tree(warm_from)
             values, states = list(tree["params"]), list(tree["optimizer"])
