@@ -29,6 +29,7 @@ __all__ = [
     "WorkerInfo",
     "current_worker",
     "detach_from_launch",
+    "enter_world_of_one",
     "in_launch_world",
     "process_alive",
 ]
@@ -110,7 +111,9 @@ def detach_from_launch() -> WorkerInfo:
         for name in _LAUNCH_VARS:
             os.environ.pop(name, None)
         _pin_device(local_rank)
-        _forget_distributed_accelerate_state()
+        # A script that built an Accelerator before its RF config already holds a
+        # distributed PartialState; trainers built from it would still use DDP.
+        enter_world_of_one()
     os.environ[_RECORD] = (f"{rank},{local_rank},{world},{os.getpid()},{info.token},"
                            f"{info.launch}")
     return info
@@ -167,12 +170,14 @@ def _pin_device(local_rank: int) -> None:
     torch.cuda.set_device(local_rank % max(torch.cuda.device_count(), 1))
 
 
-def _forget_distributed_accelerate_state() -> None:
-    # A script that built an Accelerator before its RF config already holds a distributed
-    # PartialState; trainers built from it would still use DDP.
+def enter_world_of_one() -> None:
+    """Make accelerate's state a world of one again if it is the launch's (a gang run's turn
+    left it so), so that a single-device run's trainer built now is neither wrapped in DDP nor
+    given the gang's FSDP plugin. A state that is already a world of one is kept."""
     from accelerate.state import AcceleratorState, PartialState
 
-    if PartialState._shared_state and PartialState().num_processes > 1:
+    distributed = bool(PartialState._shared_state) and PartialState().num_processes > 1
+    if distributed or AcceleratorState._shared_state.get("fsdp_plugin") is not None:
         AcceleratorState._reset_state(reset_partial_state=True)
 
 

@@ -47,7 +47,7 @@ from ..results import RunResult, pick_best
 from ..schedule import ChunkRecord
 from ..search import GridSearch, RunSpec, Search
 from ..store import FileStore, StoreError
-from ..workers import current_worker, in_launch_world
+from ..workers import current_worker, enter_world_of_one, in_launch_world
 
 __all__ = ["RFTrainerMixin", "RunTrainerMixin"]
 
@@ -573,6 +573,8 @@ class RFTrainerMixin:
             kw["processing_class"] = group.processing_class
         # The trainer moves the model to the device: make room for it there first.
         self._rf_pool.make_room(group, spec.config.device)
+        # A rebuild or a clone can come right after a gang run's turn, in its world.
+        enter_world_of_one()
         return self._run_trainer_class(
             model=group.model, args=spec.config, rf_adapter=adapter, **self._rf_trainer_kwargs(kw)
         )
