@@ -68,20 +68,3 @@ def test_quickstart_shows_its_runs(argv, monkeypatch, tmp_path, capsys):
     expected = 4 if "--random" in argv else 8
     assert f"{expected} runs" in out and f"run-{expected - 1}" in out
     assert not (tmp_path / "mlflow.db").exists()  # nothing trained, nothing tracked
-
-
-@pytest.mark.slow
-def test_quickstart_trains_its_defaults_and_points_to_the_dashboard(monkeypatch, tmp_path,
-                                                                    capsys):
-    """What README's first command does: 8 runs trained, tracked, the best one named."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setattr(sys, "argv", ["quickstart.py", "--output-dir", str(tmp_path / "qs")])
-    runpy.run_path(str(ROOT / "examples/quickstart.py"), run_name="__main__")
-    out = capsys.readouterr().out
-    assert "Best run: run-" in out and "Dashboard: trl-rapidfire dashboard" in out
-    assert (tmp_path / "mlflow.db").exists()  # ./mlflow.db: what the dashboard opens
-    assert len(list((tmp_path / "qs" / "runs").glob("run-*/final/adapter_model.safetensors"))) \
-        == 8
-    assert main(["status", "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 0
-    assert capsys.readouterr().out.count("completed") == 8

@@ -35,15 +35,15 @@ RUN_BY: dict[str, list[tuple[str, list[str]]]] = {
         (".ci/run", ["-m venv .venv", ". .venv/bin/activate"])],
     "bash scripts/install.sh && python examples/quickstart.py": [
         (".ci/run", ["bash scripts/install.sh"]),
-        ("tests/test_cli.py::test_quickstart_trains_its_defaults_and_points_to_the_dashboard",
-         ["quickstart"])],
+        ("tests/test_readme_first_hour.py::test_quickstart_then_dashboard_as_readme_says",
+         ['"quickstart.py"'])],
     "bash scripts/install.sh && python -m pytest": [
         (".ci/run", ["bash scripts/install.sh && python -m pytest"])],
     "bash scripts/install.sh": [(".ci/run", ["bash scripts/install.sh"])],
     ". .venv/bin/activate": [(".ci/run", [". .venv/bin/activate"])],
     "trl-rapidfire dashboard": [
-        ("tests/test_ops_through_mlflow_server.py::"
-         "test_dashboard_command_serves_the_store_and_stops_cleanly", ["dashboard", "--port"])],
+        ("tests/test_readme_first_hour.py::test_quickstart_then_dashboard_as_readme_says",
+         ['"dashboard"', "SIGINT"])],
     "trl-rapidfire dashboard --port 5001 --uri sqlite:////path/to/mlflow.db": [
         ("tests/test_ops_through_mlflow_server.py::"
          "test_dashboard_command_serves_the_store_and_stops_cleanly",

@@ -1,0 +1,80 @@
+"""README's first hour, command by command, in the environment ``.ci/run`` made as README
+says (``python -m venv .venv``, ``bash scripts/install.sh``): ``python examples/quickstart.py``
+trains its 8 defaults offline with MLflow; ``trl-rapidfire dashboard``, started where the
+quickstart ran, serves the MLflow UI with those 8 runs, completed, and stops on Ctrl-C.
+
+The dashboard is started on a free port rather than README's 5000, which a CI machine may
+have taken; everything else is as README writes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow_server import free_port, wait_until_up
+
+from trl_rapidfire.testing import tiny_model_path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.status, r.read().decode()
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.slow
+def test_quickstart_then_dashboard_as_readme_says(tmp_path):
+    tiny_model_path()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["HF_HUB_OFFLINE"] = "1"
+    exe = Path(sys.executable).with_name("trl-rapidfire")
+    quick = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--output-dir", "qs"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert quick.returncode == 0, quick.stdout[-2000:] + quick.stderr[-3000:]
+    assert "Best run: run-" in quick.stdout
+    assert "Dashboard: trl-rapidfire dashboard" in quick.stdout
+    assert (tmp_path / "mlflow.db").exists()  # ./mlflow.db: what the dashboard opens
+    finals = list((tmp_path / "qs" / "runs").glob("run-*/final/adapter_model.safetensors"))
+    assert len(finals) == 8
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    dash = subprocess.Popen([str(exe), "dashboard", "--port", str(port)], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    try:
+        assert url in dash.stdout.readline()
+        wait_until_up(url, dash)
+        status, page = _get(url + "/")
+        assert status == 200 and "<html" in page.lower()  # the UI itself
+        api = url + "/api/2.0/mlflow"
+        experiments = _post(api + "/experiments/search", {"max_results": 100})["experiments"]
+        runs = _post(api + "/runs/search", {
+            "experiment_ids": [e["experiment_id"] for e in experiments], "max_results": 100,
+        }).get("runs", [])
+        statuses = {}
+        for run in runs:
+            tags = {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+            if "rapidfire.status" in tags:
+                statuses[run["info"]["run_name"]] = tags["rapidfire.status"]
+        assert statuses == {f"run-{i}": "completed" for i in range(8)}
+        dash.send_signal(signal.SIGINT)  # Ctrl-C, as README says
+        assert dash.wait(timeout=60) == 0
+    finally:
+        if dash.poll() is None:
+            os.killpg(dash.pid, signal.SIGKILL)
