@@ -688,15 +688,13 @@ class Engine:
 
     def _switch_in(self, slot: RunSlot) -> None:
         prev = self._resident
+        if prev is not None and prev is not slot and prev.residency.resident:
+            prev.residency.park(self.cache, prev.trainer.optimizer)
         if slot.gang:
-            # Its own model; only the single-device run that trained last gives its place.
-            if prev is not None and prev is not slot and prev.residency.resident:
-                prev.residency.park(self.cache, prev.trainer.optimizer)
+            # Its own model, sharded by its trainer, never leaves: nothing to bring back.
             self._resident = slot
             self._restore_run_state(slot)
             return
-        if prev is not None and prev is not slot and prev.residency.resident:
-            prev.residency.park(self.cache, prev.trainer.optimizer)
         if self.pool is not None:
             self.pool.make_room(slot.group, slot.trainer.args.device)
         if slot.needs_load:

@@ -150,6 +150,21 @@ class RunTrainerMixin:
             state.stateful_callbacks[name] = states if len(states) > 1 else states[0]
         return state
 
+    def _rf_save_rng(self, folder: Path, rng: Any = None) -> None:
+        """The Trainer's ``rng_state*.pth`` in ``folder``: of the current random streams, or
+        of ``rng`` when given (the current ones are put back after)."""
+        if rng is None:
+            self._save_rng_state(str(folder))
+            return
+        from ..switch import RngState
+
+        now = RngState.capture()
+        rng.restore()
+        try:
+            self._save_rng_state(str(folder))
+        finally:
+            now.restore()
+
     def _rf_save_gang_boundary(self, target: Path, rng: Any = None) -> Path:
         """A gang run's checkpoint at a chunk boundary, written now by every member together
         with the Trainer's own routines (they know FSDP: sharded or gathered weights and
@@ -157,20 +172,13 @@ class RunTrainerMixin:
         from transformers.trainer import TRAINER_STATE_NAME
 
         from ..durable import write_atomically_together
-        from ..switch import RngState
 
         def write(tmp: Path) -> None:
             self.store_flos()
             self.save_model(str(tmp), _internal_call=True)
             self._save_optimizer_and_scheduler(str(tmp))
             self._save_scaler(str(tmp))
-            now = RngState.capture()
-            if rng is not None:
-                rng.restore()
-            try:
-                self._save_rng_state(str(tmp))
-            finally:
-                now.restore()
+            self._rf_save_rng(tmp, rng)
             if self.args.should_save:
                 self._rf_state_to_save().save_to_json(str(tmp / TRAINER_STATE_NAME))
                 torch.save(self.args, tmp / "training_args.bin")
@@ -198,8 +206,6 @@ class RunTrainerMixin:
         from safetensors.torch import save_file
         from transformers.trainer import TRAINER_STATE_NAME
 
-        from ..switch import RngState
-
         tmp = start_folder(target)
         try:
             self.store_flos()
@@ -216,15 +222,7 @@ class RunTrainerMixin:
             optimizer = self.optimizer.state_dict()
             scheduler = copy.deepcopy(self.lr_scheduler.state_dict())
             self._save_scaler(str(tmp))
-            if rng is None:
-                self._save_rng_state(str(tmp))
-            else:
-                now = RngState.capture()
-                rng.restore()
-                try:
-                    self._save_rng_state(str(tmp))
-                finally:
-                    now.restore()
+            self._rf_save_rng(tmp, rng)
             state = self._rf_state_to_save()
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
