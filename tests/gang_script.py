@@ -70,7 +70,7 @@ def _clone(trainer, run):
 
 
 def _say(line: str) -> None:
-    # One write per line: two processes share the pipe, and print() writes the end apart.
+    # One write per line: two processes share the pipe, and print() writes its parts apart.
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
@@ -141,11 +141,10 @@ def rf(output_dir: str) -> None:
     OpsAt.trainer = trainer
     if stop:
         trainer.train()
-        print("after stop:", {r.name: (r.status.value, r.global_step) for r in trainer.runs},
-              flush=True)
+        _say(f"after stop: { {r.name: (r.status.value, r.global_step) for r in trainer.runs} }")
         trainer.resume(stop_run)
     trainer.train()
-    print({r.name: (r.knobs, r.status.value, r.global_step) for r in trainer.runs}, flush=True)
+    _say(str({r.name: (r.knobs, r.status.value, r.global_step) for r in trainer.runs}))
 
 
 def plain(output_dir: str, lr: float, fsdp: bool) -> None:

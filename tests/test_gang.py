@@ -91,7 +91,8 @@ def test_a_gang_run_stopped_mid_flight_resumes_exactly(references, tmp_path):
     out = tmp_path / "exp"
     proc = _run([*ACCELERATE, str(SCRIPT), "rf", str(out)],
                 _env(tmp_path, RF_TEST_STOP="run-0:3"), tmp_path)
-    assert "after stop: {'run-0': ('stopped', 4)" in proc.stdout
+    said = [line for line in proc.stdout.splitlines() if "after stop" in line]
+    assert "after stop: {'run-0': ('stopped', 4)" in proc.stdout, said
     ops = (out / "ops.csv").read_text()
     assert "run-0,stop,ok: stopped at step 4" in ops and "run-0,resume,ok: resumed" in ops
     _assert_equal_to_references(out, references)

@@ -196,6 +196,28 @@ def test_a_gang_breaks_up_when_a_member_dies_and_its_chunk_is_trained_again(tmp_
         assert state.runs["run-0"].chunks_done == 0
 
 
+def test_a_stop_disbands_a_forming_gang_but_not_one_that_trains(tmp_path):
+    from trl_rapidfire.store import disband_forming_gang
+
+    store = _store(tmp_path, runs=2)
+    with store.transaction() as state:
+        state.gang_size["run-0"] = 2
+        claim_next(state, "w1", now=0, lease_seconds=LEASE, alive=_alive())  # opens the gang
+        state.runs["run-0"].move(RunStatus.STOPPED)  # the op, applied by w0 meanwhile
+        assert disband_forming_gang(state, "run-0") is True
+        assert state.gang is None and "run-0" not in state.claims
+        # w0 asks next: the stopped run is not given out again.
+        assert claim_next(state, "w0", now=1, lease_seconds=LEASE, alive=_alive()) \
+            == ("run-1", 0)
+        # A gang with all its members is training: it finishes its chunk.
+        state.runs["run-0"].resume()
+        finish_chunk(state, "run-1", "w0", 0)
+        claim_next(state, "w0", now=2, lease_seconds=LEASE, alive=_alive())
+        claim_next(state, "w1", now=2, lease_seconds=LEASE, alive=_alive())
+        assert state.gang["run"] == "run-0" and len(state.gang["members"]) == 2
+        assert disband_forming_gang(state, "run-0") is False and state.gang is not None
+
+
 def test_a_member_leaving_ends_the_gang_and_the_state_round_trips(tmp_path):
     from trl_rapidfire.store import release
 

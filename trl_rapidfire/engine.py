@@ -68,6 +68,7 @@ from .store import (
     FileStore,
     choose,
     claim_next,
+    disband_forming_gang,
     expire,
     fail_claimed,
     finish_chunk,
@@ -1194,6 +1195,8 @@ class Engine:
                 if record is None or run not in self.slots:
                     raise OpError(f"no run named {run!r}; runs: {sorted(self.slots)}")
                 result = _change_status(record, op.verb, reason)
+                # A worker may have opened its next chunk's gang meanwhile: not trained now.
+                disband_forming_gang(st, run)
                 self._sync(st)
             slot = self.slots[run]
             if op.verb == "fail":

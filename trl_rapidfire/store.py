@@ -39,6 +39,7 @@ __all__ = [
     "expire",
     "fail_claimed",
     "finish_chunk",
+    "disband_forming_gang",
     "finish_gang_chunk",
     "gang_ready",
     "release",
@@ -185,6 +186,18 @@ def gang_ready(state: ExperimentState) -> bool | None:
     if gang is None:
         return None
     return len(gang["members"]) >= state.gang_size[gang["run"]]
+
+
+def disband_forming_gang(state: ExperimentState, run: str) -> bool:
+    """``run`` left the rotation (stopped, deleted, failed): a gang still forming for it is
+    disbanded, its claim released, so its next chunk is not trained after all. A gang whose
+    members have all joined is training and finishes its chunk. Returns whether one was."""
+    gang = state.gang
+    if gang is None or gang["run"] != run or gang_ready(state):
+        return False
+    state.gang = None
+    state.claims.pop(run, None)
+    return True
 
 
 def finish_gang_chunk(state: ExperimentState, run: str, worker: str, chunk: int, *,
