@@ -116,3 +116,5 @@ def main(argv: Sequence[str] | None = None) -> Any:
 
 if __name__ == "__main__":
     main()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # as torch asks of every distributed script
