@@ -1,7 +1,11 @@
-"""A real Jupyter kernel runs the notebook way of working: ``train(blocking=False)`` in one cell,
-a stop through the Python API in the next while it trains, ``wait()`` in a third; the runs
-table is one output that refreshes in place (nbclient applies the kernel's display updates to
-the output with the same display id, as Jupyter's front ends do)."""
+"""A real Jupyter kernel runs the notebook way of working: ``train(blocking=False)``, a stop
+through the Python API while it trains, then ``wait()``; the runs table is one output that
+refreshes in place (nbclient applies the kernel's display updates to the output with the same
+display id, as Jupyter's front ends do).
+
+All three are in one cell: nbclient keeps only the outputs of the cell executing when they
+arrive, and the training thread's first table may come between two cells (a front end shows it
+in the cell that started the thread; nbclient drops it, seen once in CI)."""
 
 from __future__ import annotations
 
@@ -47,13 +51,12 @@ print({r.name: r.status.value for r in trainer.runs})
 def test_a_notebook_trains_in_the_background_and_its_runs_table_refreshes_in_place(tmp_path):
     tiny_model_path()
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(SETUP.format(out=str(tmp_path / "exp"))),
-                nbformat.v4.new_code_cell(STOP), nbformat.v4.new_code_cell(WAIT)]
+    nb.cells = [nbformat.v4.new_code_cell(SETUP.format(out=str(tmp_path / "exp")) + STOP + WAIT)]
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for cell in nb.cells for o in cell.outputs]
     statuses = json.loads(
-        "".join(o.get("text", "") for o in nb.cells[2].outputs if o.output_type == "stream"
+        "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream"
                 and o.name == "stdout").strip().replace("'", '"'))
     assert statuses == {"run-0": "completed", "run-1": "completed", "run-2": "stopped"}
     tables = [o for o in outputs if o.output_type == "display_data"
