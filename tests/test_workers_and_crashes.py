@@ -189,3 +189,57 @@ def test_rerun_with_other_configs_is_refused_before_training(reference, tmp_path
     assert "belongs to an experiment with other runs" in proc.stderr
     assert read_schedule_csv(out / "schedule.csv") == read_schedule_csv(
         reference / "schedule.csv")
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:  # a zombie (exited, not yet reaped by its new parent) has stopped too
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_workers_whose_launcher_died_stop_at_their_next_boundary(tmp_path):
+    # The launcher alone is killed (its workers orphaned): they must not train on beside a
+    # re-run. They stop at their next chunk boundary; the re-run trains every chunk once.
+    out = tmp_path / "exp"
+    env = _env(tmp_path, RF_TEST_ROWS="960")  # 80-step chunks: seconds each
+    log = (tmp_path / "launch.log").open("w")
+    launcher = subprocess.Popen(_script(out, 2), env=env, cwd=tmp_path, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=log)
+    workers: list[int] = []
+    try:
+        deadline = time.time() + 300
+        while not (out / "schedule.csv").exists() or not read_schedule_csv(out / "schedule.csv"):
+            assert time.time() < deadline and launcher.poll() is None
+            time.sleep(0.2)
+        workers = _children_of(launcher.pid)
+        assert len(workers) == 2, workers
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=30)
+        deadline = time.time() + 120
+        while any(_running(pid) for pid in workers):
+            assert time.time() < deadline, "orphaned workers kept training"
+            time.sleep(0.2)
+    finally:
+        log.close()
+        for pid in workers:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert "its launcher (pid" in (tmp_path / "launch.log").read_text()
+    before = read_schedule_csv(out / "schedule.csv")
+    assert len(before) < len(RUNS) * CHUNKS
+    _run(_script(out, 1), env, tmp_path)
+    _assert_each_chunk_once(out)

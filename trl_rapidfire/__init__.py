@@ -6,6 +6,7 @@ and the search expands them into runs.
 """
 
 from .configs import RFConfigError, RFDPOConfig, RFGRPOConfig, RFSFTConfig
+from .faults import ExperimentFault
 from .knobs import KnobError, List, Range
 from .policies import Budget, PopulationBased, SuccessiveHalving
 from .search import GridSearch, RandomSearch, RunSpec, SearchError
@@ -50,5 +51,6 @@ __all__ = [
     "KnobError",
     "RFConfigError",
     "SearchError",
+    "ExperimentFault",
     "__version__",
 ]

@@ -30,12 +30,13 @@ import io
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .knobs import List, is_knob
+from .trust import UntrustedValue, check_tag_override
 
 __all__ = [
     "Experiment",
@@ -117,6 +118,10 @@ def resolve_overrides(
     knob_specs: Mapping[str, Any],
     config_fields: Mapping[str, Any],
     trainer_args: Mapping[str, Any],
+    *,
+    untrusted: bool = False,
+    allowed: Collection[str] = (),
+    config_class: type | None = None,
 ) -> dict[str, Any]:
     """The clone's values for every overridden knob.
 
@@ -128,6 +133,10 @@ def resolve_overrides(
             may be overridden too).
         trainer_args: trainer-level arguments (``peft_config``, ``model``, ...) and their
             values in the parent run.
+        untrusted: the op came from a tag, the CLI or a state file, not from the script:
+            only training hyperparameters may change (see :mod:`trl_rapidfire.trust`).
+        allowed: keys the author lets tags change anyway (the config's ``clone_overrides``).
+        config_class: the class of the run's config (its fields' enumerated names).
 
     Raises:
         OpError: unknown knob, dotted path into something that is not a dataclass, a field
@@ -159,6 +168,18 @@ def resolve_overrides(
                 raise OpError(f"{name!r} candidate must be an index in 0..{len(spec.values) - 1}, "
                               f"got {index!r}")
             value = spec.values[index]
+        if untrusted:
+            spec = knob_specs.get(name)
+            declared = spec.values if isinstance(spec, List) else ()
+            owner = config_class
+            if attr:
+                owner = type(out.get(name, current))
+                declared = ()  # a candidate is a whole value, not one of its fields
+            try:
+                check_tag_override(key, value, owner=owner, candidates=declared,
+                                   allowed=allowed, trainer_arg=name in trainer_args)
+            except UntrustedValue as err:
+                raise OpError(str(err)) from None
         if attr:
             base = out.get(name, current)
             if not dataclasses.is_dataclass(base) or isinstance(base, type):
@@ -188,15 +209,21 @@ _JSON_SCALARS = (str, int, float, bool, type(None))
 def _check_json_value(key: str, value: Any, current: Any) -> None:
     """A JSON value must fit the kind of value it replaces: JSON cannot spell a function or a
     config object (pick a candidate), nor turn a number into text."""
-    if not isinstance(current, (*_JSON_SCALARS, list, tuple, dict)) and value is not None:
+    # A set (LoraConfig keeps target_modules as one) is spelled as a JSON list.
+    if not isinstance(current, (*_JSON_SCALARS, list, tuple, dict, set, frozenset)) and (
+            value is not None):
         if not isinstance(value, type(current)):
             raise OpError(f"{key!r} holds {type(current).__name__} values, which JSON cannot "
                           f'spell: pick one of its candidates, {{"{key}": {{"candidate": 0}}}}, '
                           "or set one of its fields with a dotted name")
         return
+    if isinstance(current, bool) and not isinstance(value, bool) and value is not None:
+        raise OpError(f"{key!r} takes true or false like {json.dumps(current)}, got "
+                      f"{json.dumps(value)}")
+    if isinstance(value, bool) and current is not None and not isinstance(current, bool):
+        kind = "a number" if isinstance(current, (int, float)) else "a value"
+        raise OpError(f"{key!r} takes {kind} like {current!r}, not true or false")
     if isinstance(current, bool) or isinstance(value, bool):
-        if current is not None and isinstance(current, bool) != isinstance(value, bool):
-            raise OpError(f"{key!r} takes true or false like {current!r}, got {value!r}")
         return
     if isinstance(current, (int, float)) and not isinstance(value, (int, float)):
         raise OpError(f"{key!r} takes a number like {current!r}, got {value!r}")

@@ -27,17 +27,19 @@ registers it with :meth:`Engine.add_run`.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import gc
 import json
 import math
 import shutil
 import signal
+import sys
 import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,7 @@ from .durable import (
     write_atomically,
     write_atomically_together,
 )
+from .faults import ExperimentFault, disk_fault, fault_message
 from .knobs import describe_value
 from .models import ModelGroup, ModelPool
 from .policies import Context, Policy, RunHistory
@@ -79,7 +82,8 @@ from .store import (
 )
 from .switch import Aborted, RngState, RunCoroutine
 from .tracking import PROGRESS_TAG, STATUS_TAG, Tracker
-from .workers import WorkerInfo, current_worker
+from .trust import check_run_name, inside
+from .workers import WorkerInfo, current_worker, launcher_gone
 
 __all__ = ["ChunkCallback", "Engine", "EngineStats", "RunSlot", "RunFailure"]
 
@@ -163,6 +167,8 @@ class RunSlot:
     _epoch_end_rng: tuple[int, RngState] | None = None
     # The checkpoint write of the boundary that ended the run's current turn.
     write: Any = None
+    # Set when the run's turn met a disk fault (see faults.py): the experiment stops.
+    fault: str | None = None
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -313,6 +319,9 @@ class Engine:
         self.rebuild: Callable[[RunSlot], Any] | None = None
         # (source, run, op text, reason): "python", "tag" or "policy:<name>".
         self._queued_ops: list[tuple[str, str, str, str | None]] = []
+        # (run, op) the script itself asked for: a clone recipe in the shared state that
+        # matches one may be rebuilt with the author's rights.
+        self._author_ops: set[tuple[str, str]] = set()
         # Ops may be queued from another thread (a notebook while train(blocking=False) runs).
         self._ops_lock = threading.Lock()
         # Automatic control (see policies.py), asked by the first worker at every chunk end.
@@ -338,6 +347,9 @@ class Engine:
             max_workers=1, thread_name_prefix="rapidfire-checkpoint"
         )
         self._registered = False
+        # A disk fault stopped the experiment (faults.py): this engine trains no more; a
+        # re-run of the script continues from the last recorded boundaries.
+        self._fault: str | None = None
 
     @property
     def checkpoint_root(self) -> Path:
@@ -390,6 +402,9 @@ class Engine:
         captured now, as the run's starting point (what they would be in a script that built
         this trainer alone and then called ``train()``).
         """
+        check_run_name(name)
+        inside(self.output_dir, run_dir)  # names come from files too: never outside
+        inside(self.output_dir, self.checkpoint_root / name)
         args = trainer.args
         args._rf_num_chunks = num_chunks
         dataset = trainer.train_dataset
@@ -494,27 +509,31 @@ class Engine:
         target = slot.checkpoints / f"checkpoint-{step}"
         if slot.gang:
             # Written now, by every member together (collectives); only the first prunes.
-            slot.trainer._rf_save_gang_boundary(target, rng)
+            with _disk_faults("the checkpoint", target):
+                slot.trainer._rf_save_gang_boundary(target, rng)
             if self.worker.rank == 0:
                 prune_checkpoints(slot.checkpoints, keep=(
                     target, slot.checkpoints / f"checkpoint-{slot.state.global_step}"))
             slot.write = None
             return
-        finish = slot.trainer._rf_save_boundary(target, rng)
+        with _disk_faults("the checkpoint", target):
+            finish = slot.trainer._rf_save_boundary(target, rng)
         # The checkpoint of the last boundary the shared state has recorded stays until this
         # one is recorded too (a crash in between resumes from it); older ones go.
         keep = (target, slot.checkpoints / f"checkpoint-{slot.state.global_step}")
         folder = slot.checkpoints
 
         def write() -> None:
-            finish()
-            prune_checkpoints(folder, keep=keep)
+            with _disk_faults("the checkpoint", target):
+                finish()
+                prune_checkpoints(folder, keep=keep)
 
         # Written while the next run trains; the chunk is recorded as done only after.
         slot.write = self._writer.submit(write)
 
     def _write_final(self, slot: RunSlot) -> None:
         trainer = slot.trainer
+        inside(self.output_dir, slot.final_dir)
 
         def write(folder: Path) -> None:
             trainer.save_model(str(folder))
@@ -526,10 +545,11 @@ class Engine:
                 "metrics": out.metrics,
             }, default=float), encoding="utf-8")
 
-        if slot.gang:
-            write_atomically_together(slot.final_dir, write)
-        else:
-            write_atomically(slot.final_dir, write)
+        with _disk_faults("the final weights", slot.final_dir):
+            if slot.gang:
+                write_atomically_together(slot.final_dir, write)
+            else:
+                write_atomically(slot.final_dir, write)
 
     def _run_main(self, slot: RunSlot) -> None:
         slot._resumed_at = time.perf_counter()
@@ -542,6 +562,11 @@ class Engine:
         except Aborted:
             pass
         except Exception as exc:  # a run's failure must not stop the others
+            detail = disk_fault(exc)
+            if detail is not None:  # not the run's doing: the experiment stops instead
+                slot.fault = str(exc) if isinstance(exc, ExperimentFault) else fault_message(
+                    "the run's files", slot.run_dir, detail)
+                return
             slot.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             slot.error_traceback = traceback.format_exc()
         finally:
@@ -680,8 +705,26 @@ class Engine:
         if parent is None or self.clone_builder is None:
             raise RuntimeError(f"cannot build clone {name}: parent {info['parent']} unknown")
         warm = self.warm_dir(name)
-        self.clone_builder(parent, parse_op(info["op"]), name=name,
-                           warm_from=warm if warm.is_dir() else None)
+        # The state file is not the author: its recipe is held to a tag's limits, unless this
+        # script asked for the same clone itself (every worker of a launch queues its ops).
+        trusted = (info["parent"], info["op"]) in self._author_ops
+        try:
+            self.clone_builder(parent, parse_op(info["op"]), name=name,
+                               warm_from=warm if warm.is_dir() else None, trusted=trusted)
+        except OpError as err:
+            # Not buildable here (e.g. a Python clone of another session that loads code):
+            # that run fails alone, saying why; the others train on.
+            self.add_failed_run(
+                name=name, index=int(name.rsplit("-", 1)[1]), knobs={}, group=None,
+                run_dir=self.output_dir / "runs" / name,
+                error=OpError(f"cannot rebuild clone {name} of {info['parent']} from "
+                              f"{self.store.path}: {err}"),
+            )
+            with self.store.transaction() as st:
+                record = st.runs.get(name)
+                if record is not None and record.status.schedulable:
+                    record.fail(self.slots[name].error)
+                self._sync(st)
         if self._progress is not None:
             self._progress.set_total(self.total_chunks)
 
@@ -804,6 +847,14 @@ class Engine:
         end_step = int(slot.trainer.state.global_step)
         self._claimed = None
 
+        if slot.fault is not None:
+            # Its train() is gone; the chunk is trained again, by a re-run, from the last
+            # boundary on disk (kept until a newer one is recorded).
+            self._fault = self._fault or slot.fault
+            slot.fault, slot.coroutine = None, None
+            with self.store.transaction() as st:
+                release(st, slot.name, self.worker.id)
+            return
         if slot.error is not None:
             self._fail(slot)
         elif slot.gang and (end_step > start_step or slot.finished):
@@ -898,6 +949,14 @@ class Engine:
                 left.append((slot, write, record))
                 continue
             error = write.exception() if write is not None else None
+            if error is not None and disk_fault(error, ours=True) is not None:
+                # The previous boundary stays on disk and recorded: a re-run trains the chunk
+                # again from there. Nothing is failed.
+                self._fault = self._fault or (str(error) if isinstance(error, ExperimentFault)
+                                              else fault_message("the checkpoint", None,
+                                                                 disk_fault(error, ours=True)))
+                release(st, slot.name, self.worker.id)
+                continue
             if error is not None:
                 slot.error = f"writing its checkpoint failed: {type(error).__name__}: {error}"
                 fail_claimed(st, slot.name, self.worker.id, slot.error)
@@ -928,6 +987,7 @@ class Engine:
                 self._resident = None
             warnings.warn(f"{slot.name} failed: {slot.error}", RuntimeWarning, stacklevel=3)
         if slot.state.status == RunStatus.COMPLETED and slot.checkpoints is not None:
+            inside(self.output_dir, slot.checkpoints)
             shutil.rmtree(slot.checkpoints, ignore_errors=True)
         self._report(slot)
         if self._progress is not None and self._progress.showing and slot.error is None:
@@ -966,6 +1026,8 @@ class Engine:
         them. The first Ctrl-C stops at the next chunk boundary (``interrupted`` is set, the
         finished chunks are on disk, a re-run continues); a second one stops at once.
         """
+        if self._fault is not None:
+            raise ExperimentFault(self._fault)
         # Under a launch the first worker shows the experiment's progress for all of them.
         self._progress = ExperimentProgress(
             self.total_chunks, enabled=self._progress_enabled and self.worker.rank == 0
@@ -988,65 +1050,108 @@ class Engine:
         self.interrupted = False
         previous_handler = _install_sigint(self)
         try:
-            if not self._registered:
-                self._register()
-            if self.worker.rank == 0:
-                with self.store.transaction(durable=False) as st:
-                    self._wall_before = st.wall_seconds
-            self._progress.set_done(self._chunks_done())
-            while not self.interrupted:
-                self._consult_policy()
-                if self._ops_pending():
-                    # Ops act on runs as of their last trained chunk: record those first.
-                    self._flush_finishes()
-                    self.apply_ops()
-                claimed = self._claim()
-                if claimed is False:
-                    break
-                if claimed is _RETRY:
-                    continue
-                if claimed is None:
-                    # Waiting for our own checkpoint writes (their runs stay claimed until
-                    # recorded), else for other workers.
-                    if not self._wait_for_a_write():
-                        time.sleep(self.idle_wait)
-                    continue
-                self._turn(*claimed)
-            ok = True
+            self._loop()
+            ok = self._fault is None
+        except Exception as exc:
+            detail = disk_fault(exc, ours=True) if isinstance(exc, OSError) else None
+            if isinstance(exc, ExperimentFault) or detail is not None:
+                self._fault = self._fault or (str(exc) if detail is None else
+                                              fault_message("the experiment's files", None,
+                                                            detail))
+            else:
+                raise
         finally:
-            if previous_handler is not None:
-                signal.signal(signal.SIGINT, previous_handler)
-            self._flush_finishes()  # a finished chunk is never lost, whatever stopped the loop
-            if self._claimed is not None:
-                with self.store.transaction() as st:
-                    release(st, self._claimed[0], self.worker.id)
-                self._claimed = None
-            gc.unfreeze()
-            self.stats.wall += time.perf_counter() - started
-            self._run_started = None
-            self.stats.compute = sum(s.compute_seconds for s in self.slots.values())
-            self.stats.turns = len(self.schedule)
-            self._progress.close()
-            self._progress = None
-            if ok and self.worker.launched:
-                self.schedule = read_schedule_csv(self.schedule_path)
-            if not ok:
-                # Interrupted: unwind every suspended train(). On a normal end the only
-                # suspended runs are stopped ones, kept resumable for a later train().
-                self._abort_suspended()
-            if self.tracker is not None:
-                self.tracker.active.set()
-                for slot in self.slots.values():
-                    if slot.state.status in (RunStatus.STOPPED, RunStatus.DELETED):
-                        self.tracker.end_run(slot.name, slot.state.status.value)
-                self.tracker.flush()
-                self.tracker.polling.clear()  # nothing reads ops until the next train()
-                if self.tracker.errors:
-                    warnings.warn(
-                        f"MLflow tracking failed {len(self.tracker.errors)} time(s) (training "
-                        f"was not affected); first: {self.tracker.errors[0]}",
-                        RuntimeWarning, stacklevel=2,
-                    )
+            self._end_run_call(started, ok, previous_handler)
+        if self._fault is not None:
+            raise ExperimentFault(self._fault)
+
+    def _loop(self) -> None:
+        """The scheduler loop of one ``run()`` call."""
+        if not self._registered:
+            self._register()
+        if self.worker.rank == 0:
+            with self.store.transaction(durable=False) as st:
+                self._wall_before = st.wall_seconds
+        self._progress.set_done(self._chunks_done())
+        while not self.interrupted and self._fault is None:
+            if self.worker.launched and self._orphaned():
+                break
+            self._consult_policy()
+            if self._ops_pending():
+                # Ops act on runs as of their last trained chunk: record those first.
+                self._flush_finishes()
+                self.apply_ops()
+            claimed = self._claim()
+            if claimed is False:
+                break
+            if claimed is _RETRY:
+                continue
+            if claimed is None:
+                # Waiting for our own checkpoint writes (their runs stay claimed until
+                # recorded), else for other workers.
+                if not self._wait_for_a_write():
+                    time.sleep(self.idle_wait)
+                continue
+            self._turn(*claimed)
+
+    def _orphaned(self) -> bool:
+        """Whether this worker's launcher died (killed alone): its workers stop at this
+        boundary, so a re-run never shares the experiment with them."""
+        launcher = launcher_gone()
+        if launcher is None:
+            return False
+        self.interrupted = True
+        print(  # noqa: T201 - said once, as the worker leaves
+            f"trl-rapidfire: worker {self.worker.rank}: its launcher (pid {launcher}) is gone; "
+            "stopping at this chunk boundary (finished chunks are kept; run the launch again "
+            "to continue)", file=sys.stderr, flush=True)
+        return True
+
+    @contextlib.contextmanager
+    def _faults_kept(self) -> Iterator[None]:
+        """Clean-up after the loop: a disk fault here is noted (the first one is the one
+        reported), never raised over the error that ended the loop."""
+        try:
+            yield
+        except ExperimentFault as exc:
+            self._fault = self._fault or str(exc)
+
+    def _end_run_call(self, started: float, ok: bool, previous_handler: Any) -> None:
+        """What every ``run()`` call does last, however its loop ended."""
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
+        with self._faults_kept():
+            self._flush_finishes()  # a finished chunk is never lost, whatever stopped
+        if self._claimed is not None:
+            with self._faults_kept(), self.store.transaction() as st:
+                release(st, self._claimed[0], self.worker.id)
+            self._claimed = None
+        gc.unfreeze()
+        self.stats.wall += time.perf_counter() - started
+        self._run_started = None
+        self.stats.compute = sum(s.compute_seconds for s in self.slots.values())
+        self.stats.turns = len(self.schedule)
+        self._progress.close()
+        self._progress = None
+        if ok and self.worker.launched:
+            self.schedule = read_schedule_csv(self.schedule_path)
+        if not ok:
+            # Interrupted: unwind every suspended train(). On a normal end the only
+            # suspended runs are stopped ones, kept resumable for a later train().
+            self._abort_suspended()
+        if self.tracker is not None:
+            self.tracker.active.set()
+            for slot in self.slots.values():
+                if slot.state.status in (RunStatus.STOPPED, RunStatus.DELETED):
+                    self.tracker.end_run(slot.name, slot.state.status.value)
+            self.tracker.flush()
+            self.tracker.polling.clear()  # nothing reads ops until the next train()
+            if self.tracker.errors:
+                warnings.warn(
+                    f"MLflow tracking failed {len(self.tracker.errors)} time(s) (training "
+                    f"was not affected); first: {self.tracker.errors[0]}",
+                    RuntimeWarning, stacklevel=2,
+                )
 
     # ------------------------------------------------------------------ tracking
 
@@ -1080,6 +1185,8 @@ class Engine:
         """Apply ``op`` to ``run`` at the next chunk boundary (or the next ``train()``)."""
         with self._ops_lock:
             self._queued_ops.append((source, run, op, reason))
+            if source != "tag":
+                self._author_ops.add((run, _canonical_op(op)))
 
     def _consult_policy(self) -> None:
         """Ask the policy about every chunk finished since it was last asked (by any worker)
@@ -1167,7 +1274,10 @@ class Engine:
             else:
                 try:
                     op = Op("fail") if automatic and text == "fail" else parse_op(text)
-                    result = "ok: " + self._apply(run, op, reason)
+                    # Tag text is anyone's who can write to the tracking server: only the
+                    # script's own ops (Python calls, its policies) may go beyond
+                    # hyperparameters.
+                    result = "ok: " + self._apply(run, op, reason, trusted=source != "tag")
                     if automatic:
                         result += f" by {source.split(':', 1)[1]} {reason}"
                 except OpError as err:
@@ -1188,7 +1298,8 @@ class Engine:
                 warnings.warn(f"op {text!r} on {run}: {result}", RuntimeWarning, stacklevel=2)
         return records
 
-    def _apply(self, run: str, op: Op, reason: str | None = None) -> str:
+    def _apply(self, run: str, op: Op, reason: str | None = None, *,
+               trusted: bool = False) -> str:
         if op.verb in ("stop", "resume", "delete", "fail"):
             with self.store.transaction() as st:
                 record = st.runs.get(run)
@@ -1221,7 +1332,7 @@ class Engine:
             taken = {int(n.rsplit("-", 1)[1]) for n in st.runs if n.rsplit("-", 1)[-1].isdigit()}
             taken |= {s.index for s in self.slots.values()}
             name = f"run-{max(taken) + 1}"
-            clone = self.clone_builder(slot, op, name=name)
+            clone = self.clone_builder(slot, op, name=name, trusted=trusted)
             st.add_run(clone.name, len(clone.plan), _json_knobs(clone.knobs))
             if clone.gang:
                 st.gang_size[clone.name] = clone.gang
@@ -1249,7 +1360,9 @@ class Engine:
 
     def warm_dir(self, name: str) -> Path:
         """Where a warm clone's starting state is kept for the other workers and re-runs."""
-        return self.output_dir / ".rapidfire" / "warm" / name
+        path = self.output_dir / ".rapidfire" / "warm" / check_run_name(name)
+        inside(self.output_dir, path)
+        return path
 
     def last_checkpoint(self, slot: RunSlot) -> Path:
         """``slot``'s checkpoint at its last finished chunk (to warm-start a clone from)."""
@@ -1330,6 +1443,28 @@ def _change_status(record: RunState, verb: str, reason: str | None = None) -> st
         return f"resumed at step {record.global_step}"
     record.move(RunStatus.DELETED)
     return "deleted"
+
+
+@contextlib.contextmanager
+def _disk_faults(what: str, path: Path) -> Iterator[None]:
+    """Our own writes: a disk fault becomes an :class:`ExperimentFault` naming ``path``."""
+    try:
+        yield
+    except ExperimentFault:
+        raise
+    except Exception as exc:
+        detail = disk_fault(exc, ours=True)
+        if detail is None:
+            raise
+        raise ExperimentFault(fault_message(what, path, detail)) from exc
+
+
+def _canonical_op(text: str) -> str:
+    """The op as the shared state records it (``str(parse_op(text))``), or ``text``."""
+    try:
+        return str(parse_op(text))
+    except OpError:
+        return text
 
 
 def _json_knobs(knobs: dict[str, Any]) -> dict[str, Any]:

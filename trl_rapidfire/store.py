@@ -25,8 +25,10 @@ from typing import Any
 
 from filelock import FileLock
 
+from .faults import ExperimentFault, disk_fault, fault_message
 from .runs import RunState, RunStatus
 from .scheduler import pick_next
+from .trust import UntrustedValue, check_run_name
 from .workers import process_alive
 
 __all__ = [
@@ -124,6 +126,7 @@ class ExperimentState:
         if doc.get("format") != _FORMAT or doc.get("version") != _VERSION:
             raise StoreError(f"not a trl-rapidfire scheduler state (format {doc.get('format')!r}, "
                              f"version {doc.get('version')!r})")
+        _check_names(doc)
         return cls(
             fingerprint=doc["fingerprint"],
             runs={n: RunState.from_json(r) for n, r in doc["runs"].items()},
@@ -142,6 +145,29 @@ class ExperimentState:
     def live_claims(self) -> bool:
         """Whether some worker is training a chunk now (a run may still come back)."""
         return bool(self.claims)
+
+
+def _check_names(doc: dict[str, Any]) -> None:
+    """Every run name in the file is ``run-<n>`` and every clone recipe is a parent and an op
+    text: names become paths and recipes become runs, and the file may have been edited by
+    someone other than the experiment's author (see :mod:`trl_rapidfire.trust`)."""
+    try:
+        names = [*doc["runs"], *doc["chunks_total"], *doc["order"], *doc["claims"],
+                 *doc.get("owner", {}), *doc.get("last_run", {}).values(),
+                 *doc.get("clones", {}), *doc.get("gang_size", {})]
+        gang = doc.get("gang")
+        if gang is not None:
+            names.append(gang["run"])
+        for name, recipe in doc.get("clones", {}).items():
+            if not isinstance(recipe, dict) or set(recipe) != {"parent", "op"} or not isinstance(
+                    recipe["op"], str):
+                raise StoreError(f"clone {name!r}: a recipe is {{parent, op}}, got {recipe!r}")
+            names.append(recipe["parent"])
+        for name in names:
+            check_run_name(name, "the scheduler state")
+    except (UntrustedValue, KeyError, TypeError, AttributeError) as err:
+        raise StoreError(f"{err}: the file was edited or damaged; restore it, or use another "
+                         "output_dir") from None
 
 
 def claim_next(
@@ -341,8 +367,12 @@ class FileStore:
 
     def __init__(self, folder: str | os.PathLike, fingerprint: str) -> None:
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
         self.path = self.folder / "scheduler.json"
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ExperimentFault(fault_message("the shared state", self.folder,
+                                                disk_fault(err, ours=True) or str(err))) from err
         # One lock object per process (flock is per open file); thread_local keeps threads
         # of one process excluded from each other too.
         self._lock = FileLock(str(self.path) + ".lock", is_singleton=True)
@@ -358,12 +388,12 @@ class FileStore:
         lose harmlessly, like a claim or a lease renewal (the run is simply claimed again).
         The write is atomic either way.
         """
-        with self._lock:
+        with self._locked():
             if self.path.exists():
                 try:
                     state = ExperimentState.from_json(json.loads(self.path.read_text("utf-8")))
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-                    raise StoreError(f"{self.path} is not a valid scheduler state: {err}") from err
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError, StoreError) as err:
+                    raise StoreError(f"{self.path} is not a valid scheduler state: {err}") from None
                 if state.fingerprint != self.fingerprint:
                     raise StoreError(
                         f"{self.path} belongs to an experiment with other runs (fingerprint "
@@ -375,18 +405,37 @@ class FileStore:
             yield state
             self._write(state, durable)
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            self._lock.acquire()
+        except OSError as err:  # the folder became read-only or full: say which, once
+            raise ExperimentFault(fault_message("the shared state's lock", self._lock.lock_file,
+                                                disk_fault(err, ours=True) or str(err))) from err
+        try:
+            yield
+        finally:
+            self._lock.release()
+
     def _write(self, state: ExperimentState, durable: bool = True) -> None:
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(state.to_json()))  # one C-encoded write, not many small ones
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(state.to_json()))  # one C-encoded write, not many small
+                if durable:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            # The state on disk is the last one written whole: nothing of this change is kept.
+            raise ExperimentFault(fault_message("the shared state", self.path,
+                                                disk_fault(err, ours=True) or str(err))) from err
 
     def read(self) -> ExperimentState:
         """A snapshot of the state (under the lock, nothing written)."""
-        with self._lock:
+        with self._locked():
             if not self.path.exists():
                 return ExperimentState(self.fingerprint)
             return ExperimentState.from_json(json.loads(self.path.read_text("utf-8")))

@@ -31,11 +31,13 @@ __all__ = [
     "detach_from_launch",
     "enter_world_of_one",
     "in_launch_world",
+    "launcher_gone",
     "process_alive",
 ]
 
 _RECORD = "TRL_RAPIDFIRE_WORKER"
 _LAUNCH_RECORD = "TRL_RAPIDFIRE_LAUNCH_ENV"  # the launcher's variables, as JSON
+_PARENT_RECORD = "TRL_RAPIDFIRE_LAUNCHER"  # "<this pid>:<the launcher's pid>"
 # What torchrun / accelerate launch set for a distributed process; transformers and accelerate
 # decide on DDP from them.
 _LAUNCH_VARS = (
@@ -106,6 +108,7 @@ def detach_from_launch() -> WorkerInfo:
                   f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}")
     info = WorkerInfo(rank, local_rank, world, uuid.uuid4().hex[:8], launch.replace(",", ";"))
     if world > 1:
+        os.environ[_PARENT_RECORD] = f"{os.getpid()}:{os.getppid()}"
         launch_env = {n: os.environ[n] for n in _LAUNCH_VARS if n in os.environ}
         os.environ[_LAUNCH_RECORD] = json.dumps({"pid": os.getpid(), "env": launch_env})
         for name in _LAUNCH_VARS:
@@ -179,6 +182,16 @@ def enter_world_of_one() -> None:
     distributed = bool(PartialState._shared_state) and PartialState().num_processes > 1
     if distributed or AcceleratorState._shared_state.get("fsdp_plugin") is not None:
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def launcher_gone() -> int | None:
+    """The pid of this worker's launcher if the launcher is gone (killed alone, its workers
+    orphaned and adopted by init or a subreaper), else ``None`` (alive, or not launched)."""
+    record = os.environ.get(_PARENT_RECORD, "")
+    pid, _, parent = record.partition(":")
+    if not parent or pid != str(os.getpid()):
+        return None
+    return int(parent) if os.getppid() != int(parent) else None
 
 
 def process_alive(worker_id: str) -> bool | None:

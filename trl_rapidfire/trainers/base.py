@@ -603,8 +603,12 @@ class RFTrainerMixin:
         return self._rf_build_trainer(spec, slot.group, slot.adapter)
 
     def _rf_clone(self, parent: Any, op: Op, *, name: str | None = None,
-                  warm_from: Path | None = None) -> Any:
-        """Build the run an op ``clone``/``clone-warm`` asks for (between two chunks)."""
+                  warm_from: Path | None = None, trusted: bool = True) -> Any:
+        """Build the run an op ``clone``/``clone-warm`` asks for (between two chunks).
+
+        ``trusted``: the op is the script's own (a Python call, a policy); an op from a tag,
+        the CLI or the state file may change training hyperparameters only, plus what the
+        config's ``clone_overrides`` allows (see :mod:`trl_rapidfire.trust`)."""
         spec = self._rf_specs.get(parent.name)
         if spec is None:
             raise OpError(f"{parent.name} never had a trainer; it cannot be cloned")
@@ -613,8 +617,11 @@ class RFTrainerMixin:
                                for f in dataclasses.fields(self.args)})
         knob_specs = dict(getattr(self.args, "knobs", {}))
         knob_specs.update({k: v for k, v in self._rf_knob_args.items() if is_knob(v)})
-        overrides = resolve_overrides(op.overrides, parent.knobs, knob_specs, config_fields,
-                                      spec.trainer_kwargs)
+        overrides = resolve_overrides(
+            op.overrides, parent.knobs, knob_specs, config_fields, spec.trainer_kwargs,
+            untrusted=not trusted, allowed=tuple(getattr(self.args, "clone_overrides", None) or ()),
+            config_class=type(self.args),
+        )
         knobs = {**parent.knobs, **overrides}
         trainer_kwargs = {**spec.trainer_kwargs,
                           **{k: v for k, v in overrides.items() if k in spec.trainer_kwargs}}
