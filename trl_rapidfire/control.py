@@ -29,6 +29,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -317,7 +318,15 @@ def find_experiment(
         if not marker.is_file():
             raise LookupError(f"{output_dir} holds no trl-rapidfire experiment ({marker} is "
                               "missing)")
-        flt += f" and tags.`{EXPERIMENT_TAG}` = '{json.loads(marker.read_text())['id']}'"
+        try:
+            rf_id = json.loads(marker.read_text())["id"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise LookupError(f"{marker} is damaged ({err}); it holds the experiment's "
+                              "id") from None
+        # It goes into a search filter: an id is hex, nothing that could change the query.
+        if not isinstance(rf_id, str) or not re.fullmatch(r"[0-9a-f]{8,64}", rf_id):
+            raise LookupError(f"{marker} holds {rf_id!r}, not an experiment id")
+        flt += f" and tags.`{EXPERIMENT_TAG}` = '{rf_id}'"
     if experiment is not None:
         exp = client.get_experiment_by_name(experiment)
         if exp is None:

@@ -588,6 +588,10 @@ class Engine:
                     if slot.trainer is None:
                         st.runs[slot.name].fail(slot.error or "could not be set up")
             expire(st, now=time.time())
+            # Claims this worker left behind (an earlier trainer in this process that stopped
+            # for a disk fault could not write their release): nobody is training them.
+            for name in [n for n, c in st.claims.items() if c.worker == self.worker.id]:
+                release(st, name, self.worker.id)
             records = {n: r.copy() for n, r in st.runs.items()}
             clones = self._unbuilt_clones(st)
             # Rows are appended under the same lock. Rewriting what is there drops a line a
