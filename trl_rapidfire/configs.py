@@ -13,13 +13,14 @@ fails as it would in TRL), and once per run when the search builds each concrete
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import types
 import typing
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -31,6 +32,7 @@ from .accelerate_state import (
     snapshot_accelerate_state,
 )
 from .knobs import Knob, List, Range, is_knob, knob_from_json
+from .preflight import PreflightError, check_field_values, scalar_kind
 from .workers import current_worker, detach_from_launch, in_launch_world
 
 __all__ = [
@@ -48,7 +50,7 @@ CHUNK = "chunk"
 """The trl-rapidfire value of ``eval_strategy``/``save_strategy``: act at every chunk end."""
 
 # Fields that describe the experiment, not one run: a knob here would make no sense.
-_NOT_KNOBS = frozenset({"output_dir", "num_chunks", "cache_budget_bytes"})
+_NOT_KNOBS = frozenset({"output_dir", "num_chunks", "cache_budget_bytes", "clone_overrides"})
 
 
 class RFConfigError(ValueError):
@@ -265,6 +267,16 @@ class RFConfigMixin:
             "<output_dir>/.rapidfire/cache on disk."
         },
     )
+    clone_overrides: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Knobs or fields (dotted for a field of a config object, e.g. "
+            "peft_config.target_modules) that a clone op from a run tag or the CLI may set to any "
+            "value. Without it a tag may change training hyperparameters only: fields that load "
+            "code or choose where files go (model, trust_remote_code, model_init_kwargs, hub and "
+            "logging settings) are refused. Python calls of the script are not restricted."
+        },
+    )
     warmup_ratio: float | None = field(
         default=None,
         metadata={
@@ -276,7 +288,7 @@ class RFConfigMixin:
     _trl_parent: ClassVar[type]
     _removed_options: ClassVar[dict[str, _Removed]] = {}
     _rf_only_fields: ClassVar[frozenset[str]] = frozenset(
-        {"num_chunks", "warmup_ratio", "cache_budget_bytes"}
+        {"num_chunks", "warmup_ratio", "cache_budget_bytes", "clone_overrides"}
     )
 
     # ---- construction ------------------------------------------------------------------------
@@ -310,11 +322,18 @@ class RFConfigMixin:
 
         # Validate through the parent exactly as TRL would, on one representative value per knob.
         representative = {name: _first_value(knob) for name, knob in knobs.items()}
-        for name, value in self._parent_kwargs(representative).items():
+        parent_kwargs = self._parent_kwargs(representative)
+        for name, value in parent_kwargs.items():
             object.__setattr__(self, name, _copied(value))
         try:
+            # Types before TRL (a wrong type fails there as a bare comparison), ranges after it,
+            # so that where TRL checks a range its own words are the ones seen.
+            with _as_config_error():
+                check_field_values(self._trl_parent, parent_kwargs, ranges=False)
             with preserved_accelerate_state():
                 self._trl_parent.__post_init__(self)
+            with _as_config_error():
+                check_field_values(self._trl_parent, {n: getattr(self, n) for n in parent_kwargs})
         except (ValueError, TypeError) as err:
             if not knobs:
                 raise
@@ -349,8 +368,10 @@ class RFConfigMixin:
         knobs: dict[str, Knob] = {}
         for name, value in raw.items():
             tp = types.get(name, Any)
-            if not is_knob(value) and not _admits(tp, (dict, Mapping)):
-                parsed = knob_from_json(value)
+            if not is_knob(value):
+                # YAML's {List: [...]}; fields that take mappings are read too, since a knob is
+                # the only meaning a lone List/Range key can have there.
+                parsed = knob_from_json(value, name)
                 if parsed is not None:
                     value = raw[name] = parsed
             if is_knob(value):
@@ -363,11 +384,15 @@ class RFConfigMixin:
                     raise RFConfigError(
                         f"`{name}` is not numeric ({tp}); a Range cannot set it. Use List([...])."
                     )
+                if isinstance(value, Range) and scalar_kind(tp) in ("int", "int_or_str"):
+                    value = value.for_integer_field(name)  # raw keeps what the user wrote
                 knobs[name] = value
             elif isinstance(value, (list, tuple)) and not _admits(tp, (list, tuple)):
+                shown = ", ".join(str(v) for v in value)
                 raise RFConfigError(
                     f"`{name}` takes a single value, got the plain list {value!r}. To compare "
-                    f"several values, write {name}=List({list(value)!r})."
+                    f"several values, write {name}=List({list(value)!r}) in Python, or "
+                    f"{name}: {{List: [{shown}]}} in YAML."
                 )
         return knobs
 
@@ -382,6 +407,13 @@ class RFConfigMixin:
             raise RFConfigError(
                 f"`cache_budget_bytes` must be an integer >= 0, got {budget!r}. "
                 "Use e.g. cache_budget_bytes=4 * 2**30 (4 GiB); 0 keeps parked runs on disk."
+            )
+        allowed = raw.get("clone_overrides")
+        if allowed is not None and (isinstance(allowed, str) or not all(
+                isinstance(k, str) and k for k in allowed)):
+            raise RFConfigError(
+                f"`clone_overrides` is a list of knob or field names, got {allowed!r}. Use e.g. "
+                'clone_overrides=["model", "peft_config.target_modules"].'
             )
         ratio = raw.get("warmup_ratio")
         if ratio is not None and not is_knob(ratio):
@@ -451,6 +483,8 @@ class RFConfigMixin:
         if missing:
             raise RFConfigError(f"No value chosen for knob(s) {missing}.")
         kwargs = self._parent_kwargs({**choices, **overrides})
+        with _as_config_error():  # ranges are checked by check_run, after TRL's own checks
+            check_field_values(self._trl_parent, kwargs, ranges=False)
         kwargs = {k: _copied(v) for k, v in kwargs.items()}
         if kwargs.get("fsdp"):
             return _gang_config(self._trl_parent, kwargs)
@@ -509,6 +543,14 @@ def _fsdp_on_cpu() -> bool:
     from accelerate.state import AcceleratorState
 
     return bool(getattr(AcceleratorState.__init__, "_rf_fsdp_on_cpu", False))
+
+
+@contextlib.contextmanager
+def _as_config_error() -> Iterator[None]:
+    try:
+        yield
+    except PreflightError as err:
+        raise RFConfigError(str(err)) from None
 
 
 def _check_warmup_ratio(ratio: Any, warmup_steps: Any) -> None:

@@ -124,6 +124,19 @@ class List(Knob):
         return {"List": [_jsonable(v) for v in self._values]}
 
 
+class _UnsetDtype:
+    """The default ``dtype`` of a Range: ``float``, except on a field typed as an integer
+    (batch sizes, step counts), where an RF config draws integers."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "float"
+
+
+_UNSET_DTYPE: Any = _UnsetDtype()
+
+
 class Range(Knob):
     """A numeric interval for one knob, sampled by :class:`~trl_rapidfire.RandomSearch`.
 
@@ -132,16 +145,22 @@ class Range(Knob):
         high: upper bound (exclusive for floats, inclusive for ``dtype=int``).
         log: sample log-uniformly (for learning rates and other scale parameters); needs
             ``low > 0``.
-        dtype: ``float`` (default) or ``int``.
+        dtype: ``float`` or ``int``. Left unset it is ``float``, but a Range set on a config
+            field typed as an integer (``per_device_train_batch_size``, ``max_steps``, ...)
+            draws integers, as with ``dtype=int``.
 
     Raises:
         KnobError: for non-numeric bounds, ``low >= high``, ``log=True`` with ``low <= 0``, an
             unknown ``dtype``, or non-integer bounds with ``dtype=int``.
     """
 
-    __slots__ = ("low", "high", "log", "dtype")
+    __slots__ = ("low", "high", "log", "dtype", "_dtype_given")
 
-    def __init__(self, low: float, high: float, *, log: bool = False, dtype: type = float):
+    def __init__(self, low: float, high: float, *, log: bool = False,
+                 dtype: type = _UNSET_DTYPE):
+        dtype_given = dtype is not _UNSET_DTYPE
+        if not dtype_given:
+            dtype = float
         for name, bound in (("low", low), ("high", high)):
             if isinstance(bound, bool) or not isinstance(bound, numbers.Real) or math.isnan(bound):
                 raise KnobError(
@@ -171,6 +190,32 @@ class Range(Knob):
         self.high = float(high) if dtype is float else int(high)
         self.log = bool(log)
         self.dtype = dtype
+        self._dtype_given = dtype_given
+
+    @property
+    def dtype_given(self) -> bool:
+        """Whether ``dtype`` was written out (``Range(2, 8, dtype=float)``) or left unset."""
+        return getattr(self, "_dtype_given", True)  # a Range pickled before this slot existed
+
+    def for_integer_field(self, name: str) -> Range:
+        """This Range drawing integers, for the integer field ``name``: a float batch size or
+        step count would only fail once its run trains.
+
+        Raises:
+            KnobError: ``dtype=float`` was written out, or a bound is not a whole number.
+        """
+        if self.dtype is int:
+            return self
+        low, high = math.floor(self.low), math.ceil(self.high)
+        fix = (f"Write Range({low}, {high}, dtype=int) (YAML: {name}: {{Range: {{low: {low}, "
+               f"high: {high}, dtype: int}}}})")
+        if self.dtype_given:
+            raise KnobError(f"`{name}` takes an integer, but Range({self.low!r}, {self.high!r}, "
+                            f"dtype=float) draws floats. {fix}, or leave dtype out.")
+        if low != self.low or high != self.high:
+            raise KnobError(f"`{name}` takes an integer, so its Range draws integers and needs "
+                            f"whole-number bounds, got {self!r}. {fix}.")
+        return Range(low, high, log=self.log, dtype=int)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Range) and (self.low, self.high, self.log, self.dtype) == (
@@ -235,36 +280,116 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def knob_from_json(value: Any) -> Knob | None:
+_KNOB_KINDS = ("List", "Range")
+
+
+def _near_miss(key: Any) -> bool:
+    """``list``, ``Lst``, ``RANGE``, ``Ranges``: a key one slip away from ``List``/``Range``."""
+    if not isinstance(key, str) or key in _KNOB_KINDS:
+        return False
+    word = key.casefold()
+    return any(_one_edit_apart(word, kind.casefold()) for kind in _KNOB_KINDS)
+
+
+def _one_edit_apart(a: str, b: str) -> bool:
+    """Equal, or one insertion, deletion, substitution or swap of neighbours apart."""
+    if a == b:
+        return True
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (
+            len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]]
+            and a[diff[1]] == b[diff[0]]
+        )
+    if abs(len(a) - len(b)) != 1:
+        return False
+    short, long_ = sorted((a, b), key=len)
+    return any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
+
+
+def _yaml_form(field: str | None, kind: str, spec: Any) -> str:
+    name = field or "<field>"
+    if kind == "Range" or spec is None:
+        return f"{name}: {{Range: {{low: 1.0e-5, high: 1.0e-3, log: true}}}}"
+    shown = ", ".join(str(_jsonable(v)) for v in spec) if isinstance(spec, (list, tuple)) else ""
+    return f"{name}: {{List: [{shown or '1.0e-4, 3.0e-4'}]}}"
+
+
+def knob_from_json(value: Any, field: str | None = None) -> Knob | None:
     """Read a knob written as JSON/YAML: ``{"List": [...]}`` or ``{"Range": {"low": .., ...}}``.
 
     Returns None when ``value`` is not such a mapping, so callers can pass any value through.
     This is how YAML configs (``learning_rate: {List: [1.0e-4, 3.0e-4]}``) express knobs; it
     never evaluates text.
+
+    Args:
+        value: the field's value as read from YAML/JSON.
+        field: the field's name, for the messages.
+
+    Raises:
+        KnobError: a ``List``/``Range`` key next to other keys, a key one slip away from
+            ``List``/``Range`` (``list``, ``Lst``, ``range``), or a bad spec.
     """
-    if not isinstance(value, dict) or len(value) != 1:
+    if not isinstance(value, dict):
         return None
-    (kind, spec), = value.items()
-    if kind == "List":
-        return List(spec)
-    if kind == "Range":
-        if isinstance(spec, dict):
-            spec = dict(spec)
-            dtype = spec.pop("dtype", "float")
-            if dtype not in ("int", "float"):
-                raise KnobError(f'Range "dtype" must be "int" or "float", got {dtype!r}.')
-            unknown = set(spec) - {"low", "high", "log"}
-            if unknown or not {"low", "high"} <= set(spec):
+    where = f"`{field}`: " if field else ""
+    kinds = [k for k in value if k in _KNOB_KINDS]
+    if kinds and len(value) > 1:
+        others = [k for k in value if k != kinds[0]]
+        example = _yaml_form(field, kinds[0], value[kinds[0]])
+        raise KnobError(
+            f"{where}a {kinds[0]} knob must be the only key of its mapping, got the extra "
+            f"key(s) {others!r}. Write it alone, e.g. {example}."
+        )
+    if not kinds:
+        for key, spec in value.items():
+            # Only a key holding what a knob would (a list, a Range spec) is taken for a slip:
+            # fields that take mappings have keys like "last_epoch": 5.
+            if _near_miss(key) and isinstance(spec, (list, tuple, dict)):
+                kind = "Range" if key.casefold().startswith("r") else "List"
                 raise KnobError(
-                    "Range spec needs keys low, high (and optionally log, dtype); "
-                    f"got {sorted(value['Range'])}."
+                    f"{where}the key {key!r} is not a knob: knobs are written with the key "
+                    f"{kind!r} exactly (capitalised). Write "
+                    f"{_yaml_form(field, kind, spec if kind == 'List' else None)} in YAML, or "
+                    f"{field or '<field>'}={kind}(...) in Python."
                 )
-            return Range(spec["low"], spec["high"], log=spec.get("log", False),
-                         dtype=int if dtype == "int" else float)
-        if isinstance(spec, (list, tuple)) and len(spec) == 2:
-            return Range(spec[0], spec[1])
-        raise KnobError(f"Range spec must be {{low: .., high: ..}} or [low, high], got {spec!r}.")
-    return None
+        return None
+    try:
+        return _knob_from_spec(*next(iter(value.items())), field)
+    except KnobError as err:
+        if where and not str(err).startswith(where):
+            raise KnobError(f"{where}{err}") from None
+        raise
+
+
+def _knob_from_spec(kind: str, spec: Any, field: str | None) -> Knob:
+    if kind == "List":
+        try:
+            return List(spec)
+        except KnobError as err:
+            raise KnobError(f"{err} In YAML: {_yaml_form(field, 'List', None)}.") from None
+    if isinstance(spec, dict):
+        given, spec = sorted(spec), dict(spec)
+        dtype = spec.pop("dtype", None)
+        if dtype not in (None, "int", "float"):
+            raise KnobError(f'Range "dtype" must be "int" or "float", got {dtype!r}.')
+        unknown = set(spec) - {"low", "high", "log"}
+        if unknown or not {"low", "high"} <= set(spec):
+            raise KnobError(
+                f"Range spec needs keys low, high (and optionally log, dtype); "
+                f"got {given}. "
+                f"In YAML: {_yaml_form(field, 'Range', None)}."
+            )
+        kwargs: dict[str, Any] = {"log": spec.get("log", False)}
+        if dtype is not None:
+            kwargs["dtype"] = int if dtype == "int" else float
+        return Range(spec["low"], spec["high"], **kwargs)
+    if isinstance(spec, (list, tuple)) and len(spec) == 2:
+        return Range(spec[0], spec[1])
+    raise KnobError(
+        f"Range spec must be {{low: .., high: ..}} or [low, high], got {spec!r}. "
+        f"In YAML: {_yaml_form(field, 'Range', None)}."
+    )
 
 
 def describe_value(value: Any) -> str:

@@ -146,6 +146,11 @@ class Search:
         if clash:
             raise SearchError(f"{clash} given both as config fields and as trainer arguments.")
         for name, value in trainer_level.items():
+            if isinstance(value, Range):
+                raise SearchError(
+                    f"`{name}`={value!r}: a Range draws numbers, and `{name}` is a trainer "
+                    f"argument, not a number. Give its candidates: {name}=List([...])."
+                )
             for candidate in (value.values if isinstance(value, List) else (value,)):
                 _check_no_nested_knob(name, candidate)
         all_knobs: dict[str, Knob] = dict(config_knobs)

@@ -13,7 +13,8 @@ from typing import Any
 
 from trl import DPOTrainer
 
-from ..configs import RFDPOConfig
+from ..configs import RFConfigError, RFDPOConfig
+from ..preflight import PreflightError, check_dpo_dataset
 from ..search import Search
 from .base import RFTrainerMixin, RunTrainerMixin, rf_config_from
 
@@ -73,6 +74,11 @@ class RFDPOTrainer(RFTrainerMixin, DPOTrainer):
     ) -> None:
         if train_dataset is None:
             raise ValueError("`train_dataset` is required")
+        try:  # before any model loads; DPO's columns do not depend on the config
+            check_dpo_dataset(train_dataset, label="train_dataset")
+            check_dpo_dataset(eval_dataset, label="eval_dataset")
+        except PreflightError as err:
+            raise RFConfigError(str(err)) from None
         self._rf_setup(
             args=rf_config_from(args, RFDPOConfig, _default_dir(model, "DPO")),
             search=search,

@@ -21,7 +21,8 @@ from typing import Any
 
 from trl import GRPOTrainer
 
-from ..configs import RFGRPOConfig
+from ..configs import RFConfigError, RFGRPOConfig
+from ..preflight import PreflightError, check_dataset_rows, check_grpo_dataset
 from ..search import Search
 from .base import RFTrainerMixin, RunTrainerMixin, rf_config_from
 from .dpo import _default_dir
@@ -88,6 +89,14 @@ class RFGRPOTrainer(RFTrainerMixin, GRPOTrainer):
     ) -> None:
         if train_dataset is None:
             raise ValueError("`train_dataset` is required")
+        try:  # before any model loads
+            if environment_factory is None:
+                check_grpo_dataset(train_dataset, label="train_dataset")
+                check_grpo_dataset(eval_dataset, label="eval_dataset")
+            else:  # the environment may supply the prompts (its reset())
+                check_dataset_rows({"train_dataset": train_dataset, "eval_dataset": eval_dataset})
+        except PreflightError as err:
+            raise RFConfigError(str(err)) from None
         self._rf_setup(
             args=rf_config_from(args, RFGRPOConfig, _default_dir(model, "GRPO")),
             search=search,

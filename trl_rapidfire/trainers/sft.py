@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from trl import SFTTrainer
 
-from ..configs import RFSFTConfig
+from ..configs import RFConfigError, RFSFTConfig
+from ..preflight import PreflightError, check_dataset_rows, check_sft_dataset
 from ..search import Search
 from .base import RFTrainerMixin, RunTrainerMixin, rf_config_from
 
@@ -28,6 +30,16 @@ class _RunSFTTrainer(RunTrainerMixin, SFTTrainer):
 
     def __init__(self, *args: Any, rf_dataset_memo: dict | None = None, **kwargs: Any) -> None:
         self._rf_dataset_memo = rf_dataset_memo
+        config = kwargs.get("args")
+        if config is not None:
+            # Per run: dataset_text_field and formatting_func may be knobs. An RFConfigError is
+            # what the setup re-raises rather than marking only this run failed.
+            try:
+                for label in ("train_dataset", "eval_dataset"):
+                    check_sft_dataset(kwargs.get(label), config, label=label,
+                                      formatting_func=kwargs.get("formatting_func"))
+            except PreflightError as err:
+                raise RFConfigError(f"{Path(config.output_dir).name}: {err}") from None
         super().__init__(*args, **kwargs)
 
     def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func,
@@ -97,6 +109,10 @@ class RFSFTTrainer(RFTrainerMixin, SFTTrainer):
     ) -> None:
         if train_dataset is None:
             raise ValueError("`train_dataset` is required")
+        try:  # before any model loads
+            check_dataset_rows({"train_dataset": train_dataset, "eval_dataset": eval_dataset})
+        except PreflightError as err:
+            raise RFConfigError(str(err)) from None
         name = model if isinstance(model, str) else getattr(
             getattr(model, "config", None), "_name_or_path", "model"
         )
