@@ -71,6 +71,8 @@ def test_op_commands_set_the_tag_the_experiment_reads(experiment, capsys):
     assert clone.status == "completed" and clone.knobs["peft_config"].r == 8
     assert "rapidfire.op" not in _tags(uri, rf, "run-0")
     assert _tags(uri, rf, "run-0")["rapidfire.op.result"] == results["run-0"]
+    assert _tags(uri, rf, "run-0")["rapidfire.op.seq"] == "1"
+    assert _tags(uri, rf, "run-1")["rapidfire.op.seq"] == "1"  # rejected ops are answered too
     assert "applies at the experiment's next chunk boundary" in capsys.readouterr().out
     # The other op commands write their tags the same way (the docs show each of them).
     assert main(["resume", "run-1", "--uri", uri]) == 0

@@ -128,6 +128,7 @@ def test_stop_by_tag_then_resume_continues_exactly(model_path, tmp_path):
     child = _children(client, rf)["run-1"]
     assert "rapidfire.op" not in child.data.tags
     assert child.data.tags["rapidfire.op.result"] == "ok: stopped at step 4"
+    assert child.data.tags["rapidfire.op.seq"] == "1"  # the run's first answered op
     assert child.data.tags["rapidfire.status"] == "stopped"
     assert [(r.source, r.run, r.op, r.result) for r in rf.op_log] == [
         ("tag", "run-1", "stop", "ok: stopped at step 4")]

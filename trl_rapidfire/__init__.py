@@ -5,30 +5,33 @@ Compare many training configurations at once on the same GPU(s): turn knobs of a
 and the search expands them into runs.
 """
 
-from .configs import RFConfigError, RFDPOConfig, RFGRPOConfig, RFSFTConfig
-from .faults import ExperimentFault
-from .knobs import KnobError, List, Range
-from .policies import Budget, PopulationBased, SuccessiveHalving
-from .search import GridSearch, RandomSearch, RunSpec, SearchError
-
 __version__ = "0.1.0"
 
+# Everything loads on first use: the configs import TRL's stack (seconds), which the CLI's
+# control commands (`trl-rapidfire stop run-1`) never need.
 _LAZY = {
-    "RFSFTTrainer": "trainers",
-    "RFDPOTrainer": "trainers",
-    "RFGRPOTrainer": "trainers",
-    "RunResult": "results",
-    "ChunkRecord": "schedule",
-}
+    "RFSFTConfig": "configs", "RFDPOConfig": "configs", "RFGRPOConfig": "configs",
+    "RFConfigError": "configs", "KnobError": "knobs", "List": "knobs", "Range": "knobs",
+    "Budget": "policies", "PopulationBased": "policies", "SuccessiveHalving": "policies",
+    "GridSearch": "search", "RandomSearch": "search", "RunSpec": "search",
+    "SearchError": "search", "ExperimentFault": "faults",
+    "RFSFTTrainer": "trainers", "RFDPOTrainer": "trainers", "RFGRPOTrainer": "trainers",
+    "RunResult": "results", "ChunkRecord": "schedule",
+}  # fmt: skip
 
 
 def __getattr__(name: str):
-    # The trainers import TRL's trainer stack (seconds); configs and knobs do not need it.
-    if name in _LAZY:
-        import importlib
+    import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [

@@ -10,21 +10,34 @@ Commands:
   report OUTPUT_DIR       PNG plots and a markdown summary of an experiment (--out DIR)
 
 The op commands only set the run tag ``rapidfire.op``, exactly as the MLflow UI's tag editor
-does; the training process applies it and writes ``rapidfire.op.result``.
+does; the training process applies it, removes it and writes ``rapidfire.op.result`` and
+``rapidfire.op.seq``. Every error is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from . import __version__
+
+# A CLI call meets a tracking server that is down or hung with one clear line within seconds,
+# not MLflow's default of retrying with backoff for minutes; and MLflow's INFO lines (schema
+# creation) would make a one-line error three. Set unless the user set them.
+_CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+               "MLFLOW_LOGGING_LEVEL": "WARNING"}
+_PROBE_TIMEOUT = 3.0
+# Commands that need the tracking store to answer (a report falls back to the files).
+_STORE_COMMANDS = frozenset({"status", "stop", "resume", "delete", "clone"})
+_CLIENT_COMMANDS = _STORE_COMMANDS | {"report"}
 
 
 def _cmd_version(_: argparse.Namespace) -> int:
@@ -61,6 +74,98 @@ def _cmd_expand(args: argparse.Namespace) -> int:
 
 def _where(args: argparse.Namespace) -> dict:
     return {"output_dir": args.output_dir, "experiment": args.experiment, "uri": args.uri}
+
+
+def _check_store(uri: str, command: str) -> None:
+    """A tracking server must answer ``/health`` within seconds; a sqlite store left
+    half-created by a killed process is repaired as training would (or refused clearly)."""
+    if uri.startswith("sqlite:///"):
+        if Path(uri[len("sqlite:///"):]).is_file():
+            import warnings
+
+            from .mlflow_store import ensure_schema
+
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ensure_schema(uri)
+            for w in caught:
+                if issubclass(w.category, RuntimeWarning):
+                    text = str(w.message).removeprefix("trl-rapidfire: ")
+                    print(f"trl-rapidfire {command}: warning: {text}", file=sys.stderr)
+        return
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=_PROBE_TIMEOUT):
+            pass
+    except urllib.error.HTTPError:
+        return  # it answers: MLflow's own calls say what is wrong (authentication, path)
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "reason", None) or err
+        raise ConnectionError(f"cannot reach the MLflow tracking server at {uri} ({reason}); "
+                              "start it, or choose another store with --uri or "
+                              "MLFLOW_TRACKING_URI") from None
+
+
+@contextlib.contextmanager
+def _client_limits() -> Iterator[None]:
+    import logging
+
+    added = {k: v for k, v in _CLIENT_ENV.items() if k not in os.environ}
+    os.environ.update(added)
+    # MLflow configures its logger when imported; when it was imported already, set it here.
+    loggers = [logging.getLogger(name) for name in ("mlflow", "alembic")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:  # main() may run inside another program (tests): leave its state as it was
+        for key in added:
+            os.environ.pop(key, None)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    """What a bad call, a bad file or an unusable store raises: one line, exit 2. Anything
+    else is a bug and keeps its traceback."""
+    import yaml
+
+    from .store import StoreError
+    from .tracking import TrackingStoreError
+
+    kinds: list[type[BaseException]] = [ValueError, LookupError, OSError, yaml.YAMLError,
+                                        StoreError, TrackingStoreError]
+    if "mlflow" in sys.modules:  # only imported once a command used it
+        from mlflow.exceptions import MlflowException
+
+        kinds.append(MlflowException)
+    if "sqlalchemy" in sys.modules:
+        import sqlalchemy.exc
+
+        kinds.append(sqlalchemy.exc.SQLAlchemyError)
+    return tuple(kinds)
+
+
+def _one_line(err: BaseException) -> str:
+    import yaml
+
+    if isinstance(err, yaml.MarkedYAMLError):
+        mark = err.problem_mark or err.context_mark
+        where = f" {mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        text = f"invalid YAML in{where}: {err.problem or err.context or err}"
+        if "python/" in text:
+            text += " (config files are plain YAML: Python tags are never loaded)"
+        return text
+    text = str(err).strip().strip('"') or type(err).__name__
+    if type(err).__module__.split(".")[0] in ("mlflow", "sqlalchemy"):
+        # Their messages go on with SQL statements and links: the first line says it.
+        return text.splitlines()[0].strip()
+    return " ".join(text.split())
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -224,10 +329,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.overrides = rest
     try:
-        return args.func(args)
-    except (ValueError, LookupError) as err:
-        message = str(err).strip('"')
-        print(f"trl-rapidfire {args.command}: error: {message}", file=sys.stderr)
+        # Not for `dashboard`: the server it starts keeps MLflow's own settings.
+        limits = _client_limits() if args.command in _CLIENT_COMMANDS else contextlib.nullcontext()
+        with limits:
+            if args.command in _STORE_COMMANDS:
+                from .tracking import resolve_tracking_uri
+
+                _check_store(args.uri or resolve_tracking_uri(), args.command)
+            return args.func(args)
+    except Exception as err:
+        if not isinstance(err, _expected_errors()):
+            raise
+        print(f"trl-rapidfire {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
 
 

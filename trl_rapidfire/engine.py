@@ -1291,7 +1291,7 @@ class Engine:
             self.op_log.append(record)
             append_op_row(record, self.output_dir / "ops.csv")
             if self.tracker is not None:
-                if source == "tag" and run in self.slots:
+                if source == "tag":  # answered once, even on a run this experiment lacks
                     self.tracker.consume_op(run, text, result)
                 elif run in self.slots:
                     self.tracker.set_tags(run, {"rapidfire.op.result": result})

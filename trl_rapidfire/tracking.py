@@ -13,10 +13,15 @@ if set, else the base name of ``output_dir``. Runs are found by the tag
 ``rapidfire.experiment`` (an id kept in ``<output_dir>/.rapidfire/experiment.json``) plus the
 run name, so two output folders with the same base name never mix, and a re-run of the same
 script on the same folder continues the same MLflow runs.
+
+Ops (docs/ic-ops.md): once the engine applied a run's ``rapidfire.op``, the tag is removed if
+it still holds that text, and only then are ``rapidfire.op.result`` and ``rapidfire.op.seq``
+written, so a person who waits for either before setting the next op never loses it.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -30,16 +35,23 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .mlflow_store import TrackingStoreError, ensure_schema
+
 __all__ = [
     "OP_RESULT_TAG",
+    "OP_SEQ_TAG",
     "OP_TAG",
     "Tracker",
+    "TrackingStoreError",
     "experiment_id_for",
     "resolve_tracking_uri",
 ]
 
 OP_TAG = "rapidfire.op"
 OP_RESULT_TAG = "rapidfire.op.result"
+# How many ops set as tags on this run were answered: a person (or a test) tells their op's
+# answer from an earlier one with the same text by this count going up by one.
+OP_SEQ_TAG = "rapidfire.op.seq"
 RUN_TAG = "rapidfire.run"
 EXPERIMENT_TAG = "rapidfire.experiment"
 STATUS_TAG = "rapidfire.status"
@@ -69,25 +81,19 @@ def experiment_id_for(output_dir: str | os.PathLike) -> str:
     return json.loads(path.read_text(encoding="utf-8"))["id"]
 
 
-def _ensure_schema(uri: str) -> None:
-    # Several processes creating a new sqlite store at once crash MLflow ("table already
-    # exists"): create the schema once, under a lock beside the database file.
-    from mlflow import MlflowClient
-
-    if uri.startswith("sqlite:///"):
-        from filelock import FileLock
-
-        db = Path(uri[len("sqlite:///"):])
-        db.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(db) + ".lock"):
-            MlflowClient(uri).search_experiments(max_results=1)
-    else:
-        MlflowClient(uri).search_experiments(max_results=1)
-
-
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=repr, sort_keys=True)
     return text if len(text) <= _PARAM_VALUE_MAX else text[: _PARAM_VALUE_MAX - 3] + "..."
+
+
+@dataclass
+class _Consumed:
+    """An applied op whose tag polls may still show, until a poll that began after our
+    compare-and-delete completed (``done_at``, the tracker's clock): the same text is then a
+    new op."""
+
+    op: str
+    done_at: int | None = None
 
 
 @dataclass
@@ -139,7 +145,7 @@ class Tracker:
         self.write_interval = write_interval
         self._pending_points: dict[str, list[tuple[str, float, int, int]]] = {}
         self._pending_tags: dict[str, dict[str, str]] = {}
-        _ensure_schema(self.uri)
+        ensure_schema(self.uri)
         self.client = MlflowClient(self.uri)
         with self._setup_lock:
             exp = self.client.get_experiment_by_name(self.experiment_name)
@@ -149,7 +155,9 @@ class Tracker:
             )
         self._runs: dict[str, _RunHandle] = {}
         self._ops: dict[str, str] = {}
-        self._consumed: dict[str, str] = {}
+        self._seen: dict[str, str] = {}  # run name -> MLflow run id, of every polled child run
+        self._consumed: dict[str, _Consumed] = {}
+        self._clock = itertools.count(1)  # orders polls and deletes (next() is atomic)
         self._lock = threading.Lock()
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._errors: list[str] = []
@@ -182,11 +190,9 @@ class Tracker:
         if role == "run":
             all_tags["mlflow.parentRunId"] = self.parent_run_id
         all_tags.update(tags or {})
-        run = self.client.create_run(
+        return self.client.create_run(
             self.experiment_id, tags=all_tags,
-            run_name=name or f"{self.experiment_name} ({self.rf_experiment[:8]})",
-        )
-        return run.info.run_id
+            run_name=name or f"{self.experiment_name} ({self.rf_experiment[:8]})").info.run_id
 
     def ensure_run(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
         """The MLflow run of RF run ``name``: found (a re-run) or created with ``params``.
@@ -205,7 +211,10 @@ class Tracker:
             self.client.log_batch(run_id, params=new[i:i + 100])
         steps = {key: {m.step for m in self.client.get_metric_history(run_id, key)}
                  for key in run.data.metrics}
-        self.client.set_tag(run_id, STATUS_TAG, tags.get(STATUS_TAG, "pending"))
+        # A found run's status is the engine's to change: a re-build of the same trainer (or
+        # a slow worker of a launch) must not turn a completed run back to pending.
+        if STATUS_TAG not in run.data.tags:
+            self.client.set_tag(run_id, STATUS_TAG, tags.get(STATUS_TAG, "pending"))
         with self._lock:
             self._runs[name] = _RunHandle(run_id, steps)
         return run_id
@@ -218,10 +227,9 @@ class Tracker:
     def log_metrics(self, name: str, points: list[tuple[str, float, int, int]]) -> None:
         """Queue ``(key, value, step, timestamp_ms)`` points of run ``name``.
 
-        Points and tags wait in memory and go out together every ``write_interval`` seconds
-        (or at :meth:`flush`): one write for many chunks keeps MLflow's cost away from the
-        training thread. A point at a step the store already has for that key (a re-run
-        retraining what it logged before) is skipped: one point per step per metric.
+        Points and tags go out together every ``write_interval`` seconds (or at :meth:`flush`):
+        one write for many chunks keeps MLflow's cost off the training thread. A point at a
+        step the store has for that key (a re-run retraining) is skipped.
         """
         if points:
             with self._lock:
@@ -284,25 +292,48 @@ class Tracker:
     def pending_ops(self) -> dict[str, str]:
         """Run name -> the op text set on it and not yet consumed (latest poll)."""
         with self._lock:
-            return {n: op for n, op in self._ops.items() if self._consumed.get(n) != op}
+            return {n: op for n, op in self._ops.items() if not self._is_consumed(n, op)}
+
+    def _is_consumed(self, name: str, op: str) -> bool:
+        return name in self._consumed and self._consumed[name].op == op
 
     def consume_op(self, name: str, op: str, result: str) -> None:
-        """The engine applied (or rejected) ``op``: remove the tag, write the result tag."""
+        """The engine applied (or rejected) ``op``: remove the tag, then write the result."""
+        # A run this process never set up (e.g. a name no run has) is answered too.
+        run_id = self._runs[name].run_id if name in self._runs else self._seen.get(name)
+        if run_id is None:
+            return
         with self._lock:
-            self._consumed[name] = op
-        handle = self._runs[name]
+            self._consumed[name] = _Consumed(op)
+            # An older result queued for this run (a policy's) must not land after this answer.
+            self._pending_tags.get(name, {}).pop(OP_RESULT_TAG, None)
+        self._jobs.put(partial(self._answer, name, run_id, op, result))
 
-        def job() -> None:
-            self.client.set_tag(handle.run_id, OP_RESULT_TAG, result[:5000])
-            # Remove the tag only if it still holds this op: a person may have set the next
-            # one since (the queue runs behind the training), and that one must stay pending.
-            if self.client.get_run(handle.run_id).data.tags.get(OP_TAG) == op:
-                try:
-                    self.client.delete_tag(handle.run_id, OP_TAG)
-                except Exception:  # noqa: BLE001 - removed meanwhile
-                    pass
+    def _answer(self, name: str, run_id: str, op: str, result: str) -> None:
+        """Compare-and-delete the op tag first, then write the result and the answer count: a
+        person sets the next op once this one's tag is gone (or its answer is there), when the
+        delete is done and cannot remove it. Another text found there was set over this op
+        before its answer (against the protocol) and stays pending."""
+        from mlflow.entities import RunTag
 
-        self._jobs.put(job)
+        tags = self.client.get_run(run_id).data.tags
+        removed = True
+        if tags.get(OP_TAG) == op:
+            try:
+                self.client.delete_tag(run_id, OP_TAG)
+            except Exception as exc:  # noqa: BLE001 - gone meanwhile is fine; else say so
+                removed = self.client.get_run(run_id).data.tags.get(OP_TAG) != op
+                if not removed:  # the tag stays filtered: the op was applied once
+                    self._errors.append(f"removing {name}'s op tag: {type(exc).__name__}: {exc}")
+        done = next(self._clock)
+        with self._lock:
+            marker = self._consumed.get(name)
+            if removed and marker is not None and marker.op == op:
+                marker.done_at = done
+        count = tags.get(OP_SEQ_TAG, "0")
+        seq = int(count) + 1 if count.isdigit() else 1  # one consumer: no lost increments
+        self.client.log_batch(run_id, tags=[RunTag(OP_RESULT_TAG, result[:5000]),
+                                            RunTag(OP_SEQ_TAG, str(seq))])
 
     def poll_now(self) -> None:
         """Poll the control tags synchronously (tests; the thread polls on its own)."""
@@ -312,15 +343,42 @@ class Tracker:
         done.wait(timeout=30)
 
     def _poll(self) -> None:
+        started = next(self._clock)
         ops: dict[str, str] = {}
-        for run in self._search(f" and tags.`{ROLE_TAG}` = 'run'"):
-            op = run.data.tags.get(OP_TAG)
-            if op:
-                ops[run.data.tags.get(RUN_TAG, "")] = op
+        parent_op = None
+        for run in self._search():
+            tags = run.data.tags
+            op = tags.get(OP_TAG)
+            if not op:
+                continue
+            if tags.get(ROLE_TAG) == "run":
+                ops[tags.get(RUN_TAG, "")] = op
+                self._seen[tags.get(RUN_TAG, "")] = run.info.run_id
+            elif run.info.run_id == self.parent_run_id:
+                parent_op = op
+        if parent_op is not None:
+            ops[""] = parent_op
         with self._lock:
+            # A marker is done once this poll no longer sees its text, or began after our delete
+            # completed: what it sees was set after that delete, a new op even if the same text.
+            self._consumed = {
+                n: c for n, c in self._consumed.items()
+                if ops.get(n) == c.op and (c.done_at is None or c.done_at > started)
+            }
+            answer_parent = parent_op is not None and not self._is_consumed("", parent_op)
+            if answer_parent:
+                self._consumed[""] = _Consumed(parent_op)
+            ops.pop("", None)
             self._ops = ops
-            # A consumed op whose tag is gone may be set again later: forget it.
-            self._consumed = {n: op for n, op in self._consumed.items() if ops.get(n) == op}
+            names = sorted(self._runs, key=lambda n: (len(n), n))
+        if answer_parent:
+            # The engine only knows the RF runs: an op on the experiment's parent run would
+            # wait forever. Answer it here, on this thread, as the engine answers a bad op.
+            listed = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+            self._answer("", self.parent_run_id, parent_op, (
+                f"error: {parent_op!r} was set on the experiment's parent run, which no op "
+                f"applies to: set {OP_TAG} on one of its child runs (run name, also its tag "
+                f"{RUN_TAG}: {listed or 'none yet'})"))
 
     # ------------------------------------------------------------------ the thread
 

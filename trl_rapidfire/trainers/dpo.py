@@ -14,7 +14,8 @@ from typing import Any
 from trl import DPOTrainer
 
 from ..configs import RFConfigError, RFDPOConfig
-from ..preflight import PreflightError, check_dpo_dataset
+from ..dataset_checks import check_dpo_dataset
+from ..preflight import PreflightError
 from ..search import Search
 from .base import RFTrainerMixin, RunTrainerMixin, rf_config_from
 

@@ -22,7 +22,8 @@ from typing import Any
 from trl import GRPOTrainer
 
 from ..configs import RFConfigError, RFGRPOConfig
-from ..preflight import PreflightError, check_dataset_rows, check_grpo_dataset
+from ..dataset_checks import check_dataset_rows, check_grpo_dataset
+from ..preflight import PreflightError
 from ..search import Search
 from .base import RFTrainerMixin, RunTrainerMixin, rf_config_from
 from .dpo import _default_dir

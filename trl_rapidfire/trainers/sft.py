@@ -9,7 +9,8 @@ from typing import Any
 from trl import SFTTrainer
 
 from ..configs import RFConfigError, RFSFTConfig
-from ..preflight import PreflightError, check_dataset_rows, check_sft_dataset
+from ..dataset_checks import check_dataset_rows, check_sft_dataset
+from ..preflight import PreflightError
 from ..search import Search
 from .base import RFTrainerMixin, RunTrainerMixin, rf_config_from
 

@@ -1,0 +1,142 @@
+"""Pre-flight checks of the datasets: what TRL only finds out when a run's trainer is built
+(an empty dataset's first row, a missing text, prompt or preference column), said before any
+model loads, with the columns found and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .preflight import PreflightError
+
+__all__ = ["check_dataset_rows", "check_dpo_dataset", "check_grpo_dataset", "check_sft_dataset"]
+
+
+def _each_dataset(label: str, value: Any) -> list[tuple[str, Any]]:
+    """``eval_dataset`` may be one dataset or a dict of them."""
+    if value is None:
+        return []
+    if isinstance(value, Mapping) and not label.startswith("eval"):
+        raise PreflightError(
+            f"{label} is a {type(value).__name__} of splits {list(value)}; the trainer takes one "
+            f"split. Pass e.g. {label}=dataset[{next(iter(value), 'train')!r}]."
+        )
+    if isinstance(value, Mapping):
+        return [(f"{label}[{key!r}]", ds) for key, ds in value.items()]
+    return [(label, value)]
+
+
+def _first_row(label: str, dataset: Any) -> Mapping[str, Any]:
+    try:
+        empty = hasattr(dataset, "__len__") and len(dataset) == 0
+        row = None if empty else next(iter(dataset))
+    except StopIteration:
+        row = None
+    if row is None:
+        raise PreflightError(
+            f"{label} is empty (0 rows): TRL's trainer reads its first row when it is built, and "
+            "no run could train on it. Pass a dataset with rows (check the split and any filter "
+            "that produced it)."
+        )
+    return row
+
+
+def _columns(dataset: Any, row: Mapping[str, Any]) -> list[str]:
+    names = getattr(dataset, "column_names", None)  # None for some streaming datasets
+    return list(names) if isinstance(names, (list, tuple)) else list(row)
+
+
+def check_dataset_rows(datasets: Mapping[str, Any]) -> None:
+    """Raise :class:`PreflightError` if any of ``{"train_dataset": ds, "eval_dataset": ...}`` has
+    no rows (TRL's trainers fail on ``next(iter(dataset))``)."""
+    for label, value in datasets.items():
+        for name, dataset in _each_dataset(label, value):
+            _first_row(name, dataset)
+
+
+def _messages(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and isinstance(value[0], dict) \
+        and "role" in value[0]
+
+
+def _column_guess(row: Mapping[str, Any], columns: list[str], likely: tuple[str, ...] = (),
+                  messages: bool = False) -> str | None:
+    """The column the user most likely meant: a usual name, else the first holding text."""
+    for name in (*likely, *columns):
+        value = row.get(name)
+        if name in columns and (isinstance(value, str) or (messages and _messages(value))):
+            return name
+    return None
+
+
+def check_sft_dataset(
+    dataset: Any, config: Any, *, formatting_func: Any = None, label: str = "train_dataset"
+) -> None:
+    """Raise :class:`PreflightError` if ``SFTTrainer`` could not prepare ``dataset`` with this
+    run's ``config``: no rows, or none of the forms it reads (a ``dataset_text_field`` column,
+    ``messages``, ``prompt`` + ``completion``, ShareGPT ``conversations``). Datasets TRL does not
+    prepare (tokenized ones, vision ones, ``skip_prepare_dataset``) are only checked for rows."""
+    for name, ds in _each_dataset(label, dataset):
+        row = _first_row(name, ds)
+        options = getattr(config, "dataset_kwargs", None) or {}
+        columns = _columns(ds, row)
+        if (isinstance(options, Mapping) and options.get("skip_prepare_dataset")) or {
+                "input_ids", "image", "images"} & set(columns):
+            continue
+        text_field = getattr(config, "dataset_text_field", "text")
+        # TRL maps the formatting function's output to "text", then reads dataset_text_field.
+        present = set(columns) | ({"text"} if formatting_func is not None else set())
+        if "prompt" in present:
+            if "completion" in present:
+                continue
+            raise PreflightError(
+                f"{name} has a 'prompt' column but no 'completion' (columns: {columns}): SFT's "
+                "prompt-completion form needs both. Add a 'completion' column, or drop 'prompt' "
+                f"and train on a text column named by dataset_text_field (now {text_field!r})."
+            )
+        conversational = _messages(row.get("messages")) or isinstance(
+            row.get("conversations"), list)
+        if conversational or text_field in present:
+            continue
+        guess = _column_guess(row, columns, ("content", "body", "document", "sentence"))
+        fix = (f"Set dataset_text_field={guess!r}, or rename the column: "
+               f"dataset.rename_column({guess!r}, {text_field!r})." if guess else
+               "Give a text column and name it in dataset_text_field.")
+        written = " (formatting_func writes 'text')" if formatting_func is not None else ""
+        raise PreflightError(
+            f"{name} has no column {text_field!r} (`dataset_text_field`){written}; its columns "
+            f"are {columns}. SFT reads a text column named by dataset_text_field, a 'messages' "
+            f"column of chat messages, or 'prompt' + 'completion' columns. {fix}"
+        )
+
+
+def check_dpo_dataset(dataset: Any, *, label: str = "train_dataset") -> None:
+    """Raise :class:`PreflightError` unless ``dataset`` has rows and ``chosen`` and
+    ``rejected`` columns (``prompt`` is optional: TRL extracts an implicit one)."""
+    for name, ds in _each_dataset(label, dataset):
+        row = _first_row(name, ds)
+        columns = _columns(ds, row)
+        missing = [c for c in ("chosen", "rejected") if c not in columns]
+        if missing and not {"image", "images"} & set(columns):
+            raise PreflightError(
+                f"{name} has no {' or '.join(repr(c) for c in missing)} column; its columns are "
+                f"{columns}. DPO reads preference pairs: 'prompt', 'chosen', 'rejected' (or "
+                "'chosen' and 'rejected' with the prompt inside them). Rename the columns, e.g. "
+                "dataset.rename_column('preferred', 'chosen')."
+            )
+
+
+def check_grpo_dataset(dataset: Any, *, label: str = "train_dataset") -> None:
+    """Raise :class:`PreflightError` unless ``dataset`` has rows and a ``prompt`` column."""
+    for name, ds in _each_dataset(label, dataset):
+        row = _first_row(name, ds)
+        columns = _columns(ds, row)
+        if "prompt" not in columns:
+            guess = _column_guess(row, columns, ("question", "query", "instruction", "input"),
+                                  messages=True) or "question"
+            raise PreflightError(
+                f"{name} has no 'prompt' column; its columns are {columns}. GRPO generates "
+                "completions for each row's 'prompt' (a string or a list of chat messages). "
+                f"Rename the column: dataset.rename_column({guess!r}, 'prompt')."
+            )
