@@ -1,4 +1,8 @@
-"""Keeping accelerate's process-global state right for every trainer in the process.
+"""The wall around process-global state: accelerate's singletons, for every trainer in the
+process and for every experiment after another in it.
+
+Nothing else in the package saves, clears or rebuilds accelerate's state (the launch's
+environment variables are :mod:`trl_rapidfire.workers`'; it calls in here for accelerate).
 
 accelerate keeps its state in three process-wide singletons (``PartialState``,
 ``AcceleratorState``, ``GradientState``). Two things overwrite them behind a live trainer's back:
@@ -11,6 +15,14 @@ accelerate keeps its state in three process-wide singletons (``PartialState``,
   steps, dataloader references) into ``GradientState``. Runs that take turns in one process
   each keep a :func:`snapshot_accelerate_state` and get it back with
   :func:`restore_accelerate_state` before their next turn.
+
+And one thing an experiment must not leave behind: ``AcceleratorState`` keeps the mixed
+precision of the first ``Accelerator`` built after it was cleared, and refuses another one
+("AcceleratorState has already been initialized"). A plain TRL script never meets this, because
+every config clears the state just before its trainer is built; here configs are built long
+before their trainers, so every run's trainer is built right after :func:`fresh_accelerator_state`,
+and an experiment's setup and its ``train()`` calls run :func:`left_as_found`, so the next
+experiment (or a plain TRL trainer) in the process finds the state as the script had it.
 """
 
 from __future__ import annotations
@@ -22,9 +34,15 @@ from typing import Any
 from accelerate.state import AcceleratorState, GradientState, PartialState
 
 __all__ = [
+    "enter_world_of_one",
+    "fresh_accelerator_state",
+    "launch_partial_state",
+    "left_as_found",
     "preserved_accelerate_state",
+    "reset_for_launch_world",
     "restore_accelerate_state",
     "snapshot_accelerate_state",
+    "without_barriers",
 ]
 
 _STATES = (PartialState, AcceleratorState, GradientState)
@@ -72,3 +90,64 @@ def preserved_accelerate_state() -> Iterator[None]:
         yield
     finally:
         restore_accelerate_state(saved, keep_empty=True)
+
+
+@contextlib.contextmanager
+def left_as_found() -> Iterator[None]:
+    """Run the body, then put accelerate's state back exactly as it was (cleared, if it was):
+    an experiment's setup and its training leave the process as the script had it."""
+    saved = snapshot_accelerate_state()
+    try:
+        yield
+    finally:
+        restore_accelerate_state(saved)
+
+
+def fresh_accelerator_state() -> None:
+    """Clear ``AcceleratorState`` (the process's ``PartialState`` stays), as a TRL config's
+    ``__post_init__`` leaves it right before a plain script builds that config's trainer: the
+    trainer's ``Accelerator`` then takes its own settings, whatever was built before it."""
+    AcceleratorState._reset_state(reset_partial_state=False)
+
+
+def reset_for_launch_world() -> None:
+    """Clear all of accelerate's process state, so the next ``TrainingArguments`` or
+    ``Accelerator`` sets it up from the launch's environment (a gang run's world)."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def enter_world_of_one() -> None:
+    """Make accelerate's state a world of one again if it is the launch's (a gang run's turn
+    left it so), so that a single-device run's trainer built now is neither wrapped in DDP nor
+    given the gang's FSDP plugin. A state that is already a world of one is kept."""
+    distributed = bool(PartialState._shared_state) and PartialState().num_processes > 1
+    if distributed or AcceleratorState._shared_state.get("fsdp_plugin") is not None:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def launch_partial_state(config: Any) -> None:
+    """accelerate's process state for the launch's world, as ``config`` set it up when it was
+    built there (a gang run's trainer reads it through ``config.distributed_state``)."""
+    from datetime import timedelta
+
+    PartialState(cpu=config.use_cpu, backend=config.ddp_backend,
+                 timeout=timedelta(seconds=config.ddp_timeout))
+
+
+@contextlib.contextmanager
+def without_barriers() -> Iterator[None]:
+    """Build a gang run's trainer without the launch-wide barriers TRL puts around dataset
+    preparation (``main_process_first``: the main process fills the datasets cache first).
+
+    Each member builds a clone's trainer when it learns of the clone, and rebuilds a run's
+    trainer when it claims the run, at its own time: a barrier there waits for a member that
+    is training something else, or holds the shared state's lock, and never comes (a
+    deadlock, seen with two workers). Without it every member prepares the data itself, which
+    at worst repeats work the cache would have saved; the gang's collectives start only in
+    ``train()``, after the members have met."""
+    original = PartialState.wait_for_everyone
+    PartialState.wait_for_everyone = lambda self: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        PartialState.wait_for_everyone = original  # type: ignore[method-assign]

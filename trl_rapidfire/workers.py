@@ -25,11 +25,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .accelerate_state import enter_world_of_one, reset_for_launch_world
+
 __all__ = [
     "WorkerInfo",
     "current_worker",
     "detach_from_launch",
-    "enter_world_of_one",
     "in_launch_world",
     "launcher_gone",
     "process_alive",
@@ -133,8 +134,6 @@ def in_launch_world() -> Iterator[WorkerInfo]:
     Afterwards the environment is as it was; the caller restores accelerate's state (the
     engine keeps one snapshot per run).
     """
-    from accelerate.state import AcceleratorState
-
     info = current_worker()
     record = json.loads(os.environ.get(_LAUNCH_RECORD, "{}"))
     if not info.launched or record.get("pid") != os.getpid():
@@ -144,7 +143,7 @@ def in_launch_world() -> Iterator[WorkerInfo]:
     values = dict(record["env"])
     saved = {name: os.environ.get(name) for name in _LAUNCH_VARS}
     os.environ.update(values)
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_for_launch_world()
     try:
         yield info
     finally:
@@ -171,17 +170,6 @@ def _pin_device(local_rank: int) -> None:
             os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank]
             return
     torch.cuda.set_device(local_rank % max(torch.cuda.device_count(), 1))
-
-
-def enter_world_of_one() -> None:
-    """Make accelerate's state a world of one again if it is the launch's (a gang run's turn
-    left it so), so that a single-device run's trainer built now is neither wrapped in DDP nor
-    given the gang's FSDP plugin. A state that is already a world of one is kept."""
-    from accelerate.state import AcceleratorState, PartialState
-
-    distributed = bool(PartialState._shared_state) and PartialState().num_processes > 1
-    if distributed or AcceleratorState._shared_state.get("fsdp_plugin") is not None:
-        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def launcher_gone() -> int | None:

@@ -30,9 +30,14 @@ from transformers.integrations import MLflowCallback
 from transformers.trainer_utils import TrainOutput
 
 from ..accelerate_state import (
+    enter_world_of_one,
+    fresh_accelerator_state,
+    launch_partial_state,
+    left_as_found,
     preserved_accelerate_state,
     restore_accelerate_state,
     snapshot_accelerate_state,
+    without_barriers,
 )
 from ..cache import StateCache, load_tree
 from ..configs import RFConfigError, RFConfigMixin, is_gang_config
@@ -47,7 +52,7 @@ from ..results import RunResult, pick_best
 from ..schedule import ChunkRecord
 from ..search import GridSearch, RunSpec, Search
 from ..store import FileStore, StoreError
-from ..workers import current_worker, enter_world_of_one, in_launch_world
+from ..workers import current_worker, in_launch_world
 
 __all__ = ["RFTrainerMixin", "RunTrainerMixin"]
 
@@ -264,38 +269,6 @@ def _fsdp_sharded_state_dict(trainer: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _without_barriers() -> Any:
-    """Build a gang run's trainer without the launch-wide barriers TRL puts around dataset
-    preparation (``main_process_first``: the main process fills the datasets cache first).
-
-    Each member builds a clone's trainer when it learns of the clone, and rebuilds a run's
-    trainer when it claims the run, at its own time: a barrier there waits for a member that
-    is training something else, or holds the shared state's lock, and never comes (a
-    deadlock, seen with two workers). Without it every member prepares the data itself, which
-    at worst repeats work the cache would have saved; the gang's collectives start only in
-    ``train()``, after the members have met (``Engine._wait_for_gang``)."""
-    from accelerate.state import PartialState
-
-    original = PartialState.wait_for_everyone
-    PartialState.wait_for_everyone = lambda self: None  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        PartialState.wait_for_everyone = original  # type: ignore[method-assign]
-
-
-def _launch_partial_state(config: Any) -> None:
-    """accelerate's process state for the launch's world, as ``config`` set it up when it was
-    built there (a gang run's trainer reads it through ``config.distributed_state``)."""
-    from datetime import timedelta
-
-    from accelerate.state import PartialState
-
-    PartialState(cpu=config.use_cpu, backend=config.ddp_backend,
-                 timeout=timedelta(seconds=config.ddp_timeout))
-
-
-@contextlib.contextmanager
 def _as_if_trl_made_the_adapter(model: Any, adapter: str | None) -> Any:
     """Build a TRL trainer on the shared model as if it had wrapped the model itself.
 
@@ -364,7 +337,13 @@ class RFTrainerMixin:
 
     # ------------------------------------------------------------------ construction
 
-    def _rf_setup(
+    def _rf_setup(self, **kwargs: Any) -> None:
+        """Set the experiment up (``_rf_setup_runs``), leaving accelerate's process-global state
+        as the script had it: each run's trainer keeps its own snapshot of it."""
+        with left_as_found():
+            self._rf_setup_runs(**kwargs)
+
+    def _rf_setup_runs(
         self,
         *,
         args: Any,
@@ -571,8 +550,11 @@ class RFTrainerMixin:
             kw["processing_class"] = group.processing_class
         # The trainer moves the model to the device: make room for it there first.
         self._rf_pool.make_room(group, spec.config.device)
-        # A rebuild or a clone can come right after a gang run's turn, in its world.
+        # A rebuild or a clone can come right after a gang run's turn, in its world; and the
+        # trainer's Accelerator must take this run's settings (its mixed precision), as it
+        # does in a plain script, where the config built just before cleared the state.
         enter_world_of_one()
+        fresh_accelerator_state()
         return self._run_trainer_class(
             model=group.model, args=spec.config, rf_adapter=adapter, **self._rf_trainer_kwargs(kw)
         )
@@ -588,8 +570,8 @@ class RFTrainerMixin:
     def _rf_build_gang_trainer(self, spec: RunSpec) -> Any:
         """A gang run's trainer, as plain TRL builds it (it loads its own model); call it in
         the launch's world (``in_launch_world``)."""
-        _launch_partial_state(spec.config)
-        with _without_barriers():
+        launch_partial_state(spec.config)
+        with without_barriers():
             return self._run_trainer_class(args=spec.config, rf_adapter=None,
                                            **self._rf_trainer_kwargs(spec.trainer_kwargs))
 
@@ -814,6 +796,10 @@ class RFTrainerMixin:
             raise ValueError("RF trainers run their own search; `trial` is not supported.")
 
     def _rf_train(self) -> TrainOutput:
+        with left_as_found():  # the runs' turns set accelerate's state; the script's comes back
+            return self._rf_train_runs()
+
+    def _rf_train_runs(self) -> TrainOutput:
         engine = self._rf_engine
         engine.run()
         if engine.interrupted:
@@ -866,11 +852,24 @@ class RFTrainerMixin:
         """The live TRL trainer of run ``name`` (for inspection)."""
         return self._rf_engine.slots[name].trainer
 
-    def _rf_current(self) -> Any:
+    def _rf_current_slot(self) -> Any:
         slots = self._rf_engine.slots
         if self._rf_best is not None:
-            return slots[self._rf_best].trainer
-        return next(s.trainer for s in slots.values() if s.trainer is not None)
+            return slots[self._rf_best]
+        return next(s for s in slots.values() if s.trainer is not None)
+
+    def _rf_current(self) -> Any:
+        return self._rf_current_slot().trainer
+
+    @contextlib.contextmanager
+    def _rf_as_current(self) -> Any:
+        """The best run's trainer in its own accelerate state for the body (an evaluate(), a
+        save_model()), and the process's as it was afterwards."""
+        slot = self._rf_current_slot()
+        with left_as_found():
+            if slot.accelerate is not None:
+                restore_accelerate_state(slot.accelerate)
+            yield slot.trainer
 
     # ------------------------------------------------------------------ the best run's face
 
@@ -878,7 +877,8 @@ class RFTrainerMixin:
         """Save the best run's adapter (or model) only, to ``output_dir`` (default: the
         experiment's ``output_dir``), in the layout its plain TRL trainer would write."""
         target = output_dir if output_dir is not None else self.args.output_dir
-        self._rf_current().save_model(target, _internal_call=_internal_call)
+        with self._rf_as_current() as trainer:
+            trainer.save_model(target, _internal_call=_internal_call)
 
     def end(self) -> None:
         """Finish every run's trackers (the Trainer's ``end()``, once per run)."""
@@ -923,7 +923,8 @@ class RFTrainerMixin:
 
 def _delegate(name: str) -> Callable[..., Any]:
     def method(self: RFTrainerMixin, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self._rf_current(), name)(*args, **kwargs)
+        with self._rf_as_current() as trainer:
+            return getattr(trainer, name)(*args, **kwargs)
 
     method.__name__ = name
     method.__doc__ = f"``{name}`` of the best run's trainer (before ``train()``: the first run's)."
