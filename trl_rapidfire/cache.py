@@ -6,86 +6,44 @@ on is that parking changes nothing: a run that was swapped out and back in must 
 as if it had never left, so what comes out of the cache is bitwise what went in, whether it
 stayed in host memory or was spilled to disk.
 
-A *state tree* is nested dicts (``OrderedDict`` too), lists and tuples whose leaves are torch
-tensors, numpy arrays or scalars, and JSON scalars (``int``, ``float`` including nan and inf,
-``str``, ``bool``, ``None``). Dict keys are JSON scalars and keep their type and order
-(optimizer state dicts are keyed by ints). Tensors keep dtype, shape and values; they come back
-on the CPU, contiguous once they have been on disk, without ``requires_grad`` and without the
-storage sharing they may have had with each other.
-
-On disk an entry is a folder with ``tensors.safetensors`` and ``tree.json`` (the structure, with
-placeholders for tensors and arrays). Nothing is ever pickled, so a spill folder is safe to read
-and can be inspected with ordinary tools. Folders are written beside their final name and
-renamed into place, so a crash never leaves a half-written entry where a complete one is
-expected; a new cache on the same folder picks the complete entries up, which is what lets a
-killed experiment continue.
+What a state may hold, and its on-disk form (``tensors.safetensors`` + ``tree.json``, never
+pickled), are those of a state tree (:mod:`.state_tree`). Spilled entries are written beside
+their final name and renamed into place, so a crash never leaves a half-written entry where a
+complete one is expected; a new cache on the same folder picks the complete entries up, which is
+what lets a killed experiment continue.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import os
 import re
 import shutil
-import uuid
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
+from .atomic_folders import TMP_PREFIX, TRASH_PREFIX, remove_folder, replace_folder
+from .state_tree import (
+    TENSORS_FILE,
+    TREE_FILE,  # noqa: F401 - re-exported: the entry's file names were first defined here
+    copy_tree,
+    load_tree,
+    map_tensors,
+    read_meta,
+    save_tree,
+    tree_nbytes,
+)
+
+# load_tree, save_tree and replace_folder were first defined here and are still imported from here.
 __all__ = ["StateCache", "load_tree", "replace_folder", "save_tree"]
 
-TENSORS_FILE = "tensors.safetensors"
-TREE_FILE = "tree.json"
-_FORMAT = "trl-rapidfire/state-tree"
-_VERSION = 1
-# Dot-prefixed names are never entries: folders being written, and old ones being removed.
-_TMP_PREFIX = ".tmp-"
-_TRASH_PREFIX = ".trash-"
 
-# dtypes that safetensors can both write and read back. Other strided dtypes (complex128,
-# complex32, float8_e8m0fnu, ...) are stored as their raw bytes plus a dtype marker.
-_NATIVE_DTYPES = {
-    torch.float64, torch.float32, torch.float16, torch.bfloat16,
-    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-    torch.complex64,
-}  # fmt: skip
-for _name in (
-    "uint16", "uint32", "uint64",
-    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
-):  # fmt: skip
-    if hasattr(torch, _name):
-        _NATIVE_DTYPES.add(getattr(torch, _name))
-
-_SCALAR_TYPES = (str, int, float, bool, type(None))
-
-
-# --------------------------------------------------------------------------- validation / copies
-
-
-def _check_tensor(t: torch.Tensor, path: str) -> None:
-    if t.layout != torch.strided:
-        raise TypeError(f"{path}: cannot store a {t.layout} tensor; make it dense first.")
-    if t.is_quantized:
-        raise TypeError(f"{path}: cannot store a quantized tensor.")
-
-
-def _check_array(a: np.ndarray | np.generic, path: str) -> None:
-    # The dtype is written as ``dtype.str``, which loses object and structured dtypes.
-    if a.dtype.hasobject or a.dtype.fields is not None or np.dtype(a.dtype.str) != a.dtype:
-        raise TypeError(f"{path}: cannot store a numpy array of dtype {a.dtype}.")
-
-
-def _check_key(k: Any, path: str) -> None:
-    if type(k) not in _SCALAR_TYPES:
-        raise TypeError(f"{path}: dict key {k!r} of type {type(k).__name__} is not a JSON scalar.")
+# --------------------------------------------------------------------------- host memory
 
 
 def _host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
@@ -106,258 +64,6 @@ def _pinned(t: torch.Tensor) -> torch.Tensor:
         return t.pin_memory()
     except RuntimeError:
         return t
-
-
-def _copy_tree(x: Any, path: str, tensor_copy) -> Any:
-    """A validated copy of ``x``: new containers, ``tensor_copy`` of each tensor, copied arrays."""
-    kind = type(x)
-    if isinstance(x, torch.Tensor):
-        _check_tensor(x, path)
-        return tensor_copy(x)
-    if kind is np.ndarray:
-        _check_array(x, path)
-        return x.copy()
-    if isinstance(x, np.generic):
-        _check_array(x, path)
-        return x  # numpy scalars are immutable
-    if kind in _SCALAR_TYPES:
-        return x
-    if kind is dict or kind is OrderedDict:
-        out = kind()
-        for k, v in x.items():
-            _check_key(k, path)
-            out[k] = _copy_tree(v, f"{path}[{k!r}]", tensor_copy)
-        return out
-    if kind is list or kind is tuple:
-        return kind(_copy_tree(v, f"{path}[{i}]", tensor_copy) for i, v in enumerate(x))
-    raise TypeError(
-        f"{path}: cannot store a {kind.__name__}; a state tree holds dicts, lists, tuples, "
-        "tensors, numpy arrays and JSON scalars."
-    )
-
-
-def _tree_nbytes(x: Any) -> int:
-    """Bytes of tensor and array data held by a tree (what counts against the budget)."""
-    if isinstance(x, torch.Tensor):
-        return x.untyped_storage().nbytes()
-    if isinstance(x, np.ndarray):
-        return x.nbytes
-    if isinstance(x, dict):
-        return sum(_tree_nbytes(v) for v in x.values())
-    if isinstance(x, (list, tuple)):
-        return sum(_tree_nbytes(v) for v in x)
-    return 0
-
-
-def _map_tensors(x: Any, fn) -> Any:
-    if isinstance(x, torch.Tensor):
-        return fn(x)
-    if isinstance(x, dict):
-        return type(x)((k, _map_tensors(v, fn)) for k, v in x.items())
-    if isinstance(x, (list, tuple)):
-        return type(x)(_map_tensors(v, fn) for v in x)
-    return x
-
-
-# --------------------------------------------------------------------------- disk format
-
-
-def _encode_scalar(x: Any) -> Any:
-    # JSON has no nan/inf; finite floats round-trip exactly (json writes repr()).
-    if type(x) is float and not math.isfinite(x):
-        return {"float": repr(x)}
-    return x
-
-
-def _decode_scalar(x: Any) -> Any:
-    if type(x) is dict:
-        return float(x["float"])
-    return x
-
-
-class _Encoder:
-    """Turns a tree into JSON with placeholders, collecting tensors for safetensors."""
-
-    def __init__(self) -> None:
-        self.tensors: dict[str, torch.Tensor] = {}
-        self._storages: set[int] = set()
-
-    def _add(self, path: str, t: torch.Tensor) -> str:
-        name = path or "root"
-        if name in self.tensors:  # two paths can print alike ("a.b" vs a -> b)
-            name = f"{name}#{len(self.tensors)}"
-        if t.device.type != "cpu":
-            t = t.cpu()
-        if t.numel():
-            # safetensors refuses tensors sharing memory and non-contiguous ones.
-            ptr = t.untyped_storage().data_ptr()
-            if ptr in self._storages or not t.is_contiguous():
-                t = t.clone(memory_format=torch.contiguous_format)
-            self._storages.add(t.untyped_storage().data_ptr())
-        self.tensors[name] = t
-        return name
-
-    def encode(self, x: Any, path: str) -> Any:
-        kind = type(x)
-        if isinstance(x, torch.Tensor):
-            _check_tensor(x, path)
-            # Lazy conjugate/negative views cannot be written as they are.
-            x = x.detach().resolve_conj().resolve_neg()
-            if x.dtype in _NATIVE_DTYPES:
-                return {"tensor": self._add(path, x)}
-            raw = x.contiguous().reshape(-1).view(torch.uint8)
-            return {
-                "tensor": self._add(path, raw),
-                "dtype": str(x.dtype).removeprefix("torch."),
-                "shape": list(x.shape),
-            }
-        if kind is np.ndarray or isinstance(x, np.generic):
-            _check_array(x, path)
-            arr = np.asarray(x)
-            raw = torch.from_numpy(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).copy())
-            tag = "ndarray" if kind is np.ndarray else "npscalar"
-            return {tag: self._add(path, raw), "dtype": arr.dtype.str, "shape": list(arr.shape)}
-        if kind in _SCALAR_TYPES:
-            return _encode_scalar(x)
-        if kind is dict or kind is OrderedDict:
-            items = []
-            for k, v in x.items():
-                _check_key(k, path)
-                items.append([_encode_scalar(k), self.encode(v, f"{path}.{k}".lstrip("."))])
-            return {"dict" if kind is dict else "odict": items}
-        if kind is list or kind is tuple:
-            items = [self.encode(v, f"{path}.{i}".lstrip(".")) for i, v in enumerate(x)]
-            return {kind.__name__: items}
-        raise TypeError(
-            f"{path or 'root'}: cannot store a {kind.__name__}; a state tree holds dicts, lists, "
-            "tuples, tensors, numpy arrays and JSON scalars."
-        )
-
-
-def _decode(x: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    if type(x) is not dict:
-        return x
-    if "dict" in x or "odict" in x:
-        kind = dict if "dict" in x else OrderedDict
-        items = x.get("dict", x.get("odict"))
-        return kind((_decode_scalar(k), _decode(v, tensors)) for k, v in items)
-    if "list" in x:
-        return [_decode(v, tensors) for v in x["list"]]
-    if "tuple" in x:
-        return tuple(_decode(v, tensors) for v in x["tuple"])
-    if "float" in x:
-        return float(x["float"])
-    for tag in ("tensor", "ndarray", "npscalar"):
-        if tag in x:
-            try:
-                t = tensors[x[tag]]
-            except KeyError:
-                raise ValueError(f"{TENSORS_FILE} has no tensor {x[tag]!r}") from None
-            break
-    else:
-        raise ValueError(f"unknown node in {TREE_FILE}: {sorted(x)}")
-    if tag == "tensor":
-        if "dtype" not in x:
-            return t
-        return t.view(getattr(torch, x["dtype"])).reshape(x["shape"])
-    arr = t.numpy().view(np.dtype(x["dtype"])).reshape(x["shape"])
-    return arr[()] if tag == "npscalar" else arr
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes renames and new names durable; not possible (nor needed) on Windows.
-    if os.name == "nt":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_folder(folder: Path) -> None:
-    """Remove ``folder`` so that no half-deleted entry is ever left under its name."""
-    trash = folder.with_name(f"{_TRASH_PREFIX}{folder.name}-{uuid.uuid4().hex}")
-    try:
-        os.replace(folder, trash)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def save_tree(tree: Any, folder: str | os.PathLike, *, meta: dict[str, Any] | None = None) -> None:
-    """Write a state tree to ``folder`` (``tensors.safetensors`` + ``tree.json``), atomically.
-
-    The files are written and fsynced in a temporary folder beside ``folder`` and then renamed
-    into place, replacing an existing ``folder``. ``meta`` (JSON-serialisable) is stored in
-    ``tree.json`` alongside the tree. Raises ``TypeError`` for leaves that cannot be stored.
-    """
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    encoder = _Encoder()
-    doc = {
-        "format": _FORMAT,
-        "version": _VERSION,
-        "meta": meta or {},
-        "tree": encoder.encode(tree, ""),
-    }
-    text = json.dumps(doc, allow_nan=False)
-    tmp = folder.with_name(f"{_TMP_PREFIX}{folder.name}-{uuid.uuid4().hex}")
-    tmp.mkdir()
-    try:
-        save_file(encoder.tensors, tmp / TENSORS_FILE, metadata={"format": "pt"})
-        _fsync_file(tmp / TENSORS_FILE)
-        with open(tmp / TREE_FILE, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        replace_folder(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def replace_folder(tmp: Path, folder: Path) -> None:
-    """Rename the complete folder ``tmp`` (its files already on disk) to ``folder``, replacing
-    one that is there, and make the rename durable. On failure ``folder`` is as it was."""
-    _fsync_dir(tmp)
-    trash = None
-    # A directory cannot be renamed over a non-empty one: move the old one aside first.
-    if folder.exists():
-        trash = folder.with_name(f"{_TRASH_PREFIX}{folder.name}-{uuid.uuid4().hex}")
-        os.replace(folder, trash)
-    try:
-        os.replace(tmp, folder)
-    except BaseException:
-        if trash is not None:
-            os.replace(trash, folder)
-        raise
-    _fsync_dir(folder.parent)
-    if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
-
-
-def _read_doc(folder: Path) -> dict[str, Any]:
-    with open(folder / TREE_FILE, encoding="utf-8") as f:
-        doc = json.load(f)
-    if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
-        raise ValueError(f"{folder / TREE_FILE} is not a state tree")
-    if doc.get("version") != _VERSION:
-        raise ValueError(f"{folder / TREE_FILE} has unsupported version {doc.get('version')!r}")
-    return doc
-
-
-def load_tree(folder: str | os.PathLike) -> Any:
-    """Read a state tree written by :func:`save_tree`; tensors are on the CPU."""
-    folder = Path(folder)
-    doc = _read_doc(folder)
-    tensors = load_file(folder / TENSORS_FILE, device="cpu")
-    return _decode(doc["tree"], tensors)
 
 
 # --------------------------------------------------------------------------- the cache
@@ -417,13 +123,13 @@ class StateCache:
 
     def _scan(self) -> None:
         for folder in sorted(self.spill_dir.iterdir()):
-            if folder.name.startswith((_TMP_PREFIX, _TRASH_PREFIX)):
+            if folder.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
                 shutil.rmtree(folder, ignore_errors=True)  # an interrupted write or removal
                 continue
             if not folder.is_dir() or folder.name.startswith("."):
                 continue
             try:
-                meta = _read_doc(folder)["meta"]
+                meta = read_meta(folder)
                 key, nbytes = meta["key"], meta["nbytes"]
                 if not isinstance(key, str) or _folder_name(key) != folder.name:
                     raise ValueError("the key does not match the folder name")
@@ -492,10 +198,10 @@ class StateCache:
                 return t.detach()
             return _host_copy(t, pin)
 
-        copied = _copy_tree(tree, "tree", to_host)
+        copied = copy_tree(tree, "tree", to_host)
         if key in self._entries:
             self._drop(key)
-        nbytes = _tree_nbytes(copied)
+        nbytes = tree_nbytes(copied)
         self._entries[key] = _Entry(copied, nbytes, in_memory=True, on_disk=False)
         self._bytes += nbytes
         self._enforce_budget(key)
@@ -513,11 +219,11 @@ class StateCache:
             tree = entry.tree
         else:
             tree = self._load(key)
-            entry.tree, entry.nbytes, entry.in_memory = tree, _tree_nbytes(tree), True
+            entry.tree, entry.nbytes, entry.in_memory = tree, tree_nbytes(tree), True
             self._bytes += entry.nbytes
             self._enforce_budget(key)
         if copy:
-            return _copy_tree(tree, "tree", lambda t: t.clone())
+            return copy_tree(tree, "tree", lambda t: t.clone())
         return tree
 
     def pop(self, key: str) -> Any:
@@ -536,14 +242,14 @@ class StateCache:
 
     def _load(self, key: str) -> Any:
         tree = load_tree(self.folder(key))
-        return _map_tensors(tree, _pinned) if self.pin_memory else tree
+        return map_tensors(tree, _pinned) if self.pin_memory else tree
 
     def _drop(self, key: str) -> None:
         entry = self._entries.pop(key)
         if entry.in_memory:
             self._bytes -= entry.nbytes
         if entry.on_disk:
-            _remove_folder(self.folder(key))
+            remove_folder(self.folder(key))
 
     def _spill(self, key: str) -> None:
         entry = self._entries[key]

@@ -26,15 +26,16 @@ from typing import Any, ClassVar
 
 from trl import DPOConfig, GRPOConfig, SFTConfig
 
-from .accelerate_state import (
-    preserved_accelerate_state,
-    restore_accelerate_state,
-    snapshot_accelerate_state,
-)
+from .accelerate_state import preserved_accelerate_state
+from .config_errors import RFConfigError
+from .fsdp_configs import gang_config, is_gang_config, normalize_fsdp_config
 from .knobs import Knob, List, Range, is_knob, knob_from_json
 from .preflight import PreflightError, check_field_values, scalar_kind
-from .workers import current_worker, detach_from_launch, in_launch_world
+from .removed_options import DPO_REMOVED, GRPO_REMOVED, Removed
+from .workers import detach_from_launch
 
+# RFConfigError, is_gang_config and normalize_fsdp_config live in lower modules (so that those
+# can raise and use them); this is where users import them from.
 __all__ = [
     "RFConfigError",
     "RFConfigMixin",
@@ -51,10 +52,6 @@ CHUNK = "chunk"
 
 # Fields that describe the experiment, not one run: a knob here would make no sense.
 _NOT_KNOBS = frozenset({"output_dir", "num_chunks", "cache_budget_bytes", "clone_overrides"})
-
-
-class RFConfigError(ValueError):
-    """An RF config field was set wrongly. The message names the field and the fix."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,139 +88,6 @@ def _numeric(tp: Any) -> bool:
         isinstance(m, type) and issubclass(m, (int, float)) and m is not bool
         for m in _type_members(tp)
     ) or typing.Any in _type_members(tp)
-
-
-# --------------------------------------------------------------------------------------------
-# Options TRL removed or renamed since the seed's examples were written
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Removed:
-    """An option that no longer exists in TRL. ``harmless`` values mean what TRL now does anyway
-    (accepted with a warning); any other value is an error, since ignoring it would change the
-    training silently."""
-
-    message: str
-    harmless: tuple[Any, ...] = (None,)
-
-
-_DPO_REMOVED = {
-    "max_prompt_length": _Removed(
-        "DPOConfig no longer has `max_prompt_length`: TRL 1.x truncates the whole "
-        "prompt+completion sequence to `max_length` (see `truncation_mode`). Remove it and set "
-        "`max_length`."
-    ),
-    "max_completion_length": _Removed(
-        "DPOConfig no longer has `max_completion_length`: TRL 1.x truncates the whole "
-        "prompt+completion sequence to `max_length`. Remove it and set `max_length`."
-    ),
-    "model_adapter_name": _Removed(
-        "DPOConfig no longer has `model_adapter_name`: the trainer trains the model's active "
-        "adapter (PEFT's 'default'). Remove it.",
-        harmless=(None, "default"),
-    ),
-    "ref_adapter_name": _Removed(
-        "DPOConfig no longer has `ref_adapter_name`: with PEFT and no `ref_model`, the reference "
-        "is the base model with the adapter disabled. Remove it, or pass `ref_model=` to the "
-        "trainer."
-    ),
-    "force_use_ref_model": _Removed(
-        "DPOConfig no longer has `force_use_ref_model`: pass `ref_model=` to the trainer to use an "
-        "explicit reference model. Remove it.",
-        harmless=(None, False),
-    ),
-}
-
-_GRPO_REMOVED = {
-    "max_prompt_length": _Removed(
-        "GRPOConfig no longer has `max_prompt_length`: TRL 1.x does not truncate prompts. "
-        "Remove it and shorten prompts in the dataset if needed (`max_completion_length` still "
-        "exists)."
-    ),
-}
-
-
-# --------------------------------------------------------------------------------------------
-# fsdp_config keys
-# --------------------------------------------------------------------------------------------
-
-_FSDP_RENAMED = {"offload_params": "cpu_offload"}
-_FSDP_KNOWN = frozenset(
-    {
-        "version", "cpu_offload", "auto_wrap_policy", "min_num_params",
-        "transformer_layer_cls_to_wrap", "cpu_ram_efficient_loading", "state_dict_type",
-        "activation_checkpointing", "reshard_after_forward", "xla", "xla_fsdp_settings",
-        "xla_fsdp_grad_ckpt", "xla_fsdp_v2",
-    }
-)
-_FSDP1_ONLY = frozenset(
-    {"forward_prefetch", "backward_prefetch", "use_orig_params", "sync_module_states",
-     "limit_all_gathers"}
-)
-_FSDP2_SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
-
-
-def normalize_fsdp_config(fsdp_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Map ``fsdp_config`` keys from older transformers onto current ones, loudly.
-
-    transformers 5 silently ignores keys it does not read. Here a renamed key is mapped with a
-    warning (``offload_params`` -> ``cpu_offload``), ``sharding_strategy`` becomes FSDP2's
-    ``reshard_after_forward``, FSDP1-only keys under FSDP2 and unknown keys are warned about, and
-    contradictions (both spellings, different values) are errors. Never drops an offload setting.
-    """
-    cfg = {(k[5:] if k.startswith("fsdp_") else k): v for k, v in fsdp_config.items()}
-    version = int(cfg.get("version", 2))
-    for old, new in _FSDP_RENAMED.items():
-        if old in cfg:
-            value = cfg.pop(old)
-            if new in cfg and cfg[new] != value:
-                raise RFConfigError(
-                    f"fsdp_config sets both `{old}`={value!r} and `{new}`={cfg[new]!r}; `{old}` is "
-                    f"the old name of `{new}`. Keep only `{new}`."
-                )
-            warnings.warn(
-                f"fsdp_config key `{old}` was renamed `{new}` in transformers 5; using "
-                f"{new}={value!r}.",
-                FutureWarning,
-                stacklevel=4,
-            )
-            cfg[new] = value
-    if "sharding_strategy" in cfg:
-        strategy = str(cfg.pop("sharding_strategy")).upper()
-        if version == 2:
-            if strategy not in _FSDP2_SHARDING:
-                raise RFConfigError(
-                    f"fsdp_config sharding_strategy={strategy!r} exists only in FSDP1; FSDP2 (the "
-                    "default, `version: 2`) supports FULL_SHARD and SHARD_GRAD_OP via "
-                    "`reshard_after_forward`."
-                )
-            mapped = _FSDP2_SHARDING[strategy]
-            if "reshard_after_forward" in cfg and cfg["reshard_after_forward"] != mapped:
-                raise RFConfigError(
-                    f"fsdp_config sharding_strategy={strategy!r} contradicts "
-                    f"reshard_after_forward={cfg['reshard_after_forward']!r}. Keep one."
-                )
-            cfg["reshard_after_forward"] = mapped
-        else:
-            cfg.setdefault("reshard_after_forward", strategy.lower())
-    if version == 2:
-        ignored = sorted(set(cfg) & _FSDP1_ONLY)
-        if ignored:
-            warnings.warn(
-                f"fsdp_config keys {ignored} only affect FSDP1; with FSDP2 (the default) they have "
-                "no effect.",
-                UserWarning,
-                stacklevel=4,
-            )
-    unknown = sorted(set(cfg) - _FSDP_KNOWN - _FSDP1_ONLY)
-    if unknown:
-        warnings.warn(
-            f"fsdp_config keys {unknown} are not read by transformers and have no effect.",
-            UserWarning,
-            stacklevel=4,
-        )
-    return cfg
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,7 +150,7 @@ class RFConfigMixin:
     )
 
     _trl_parent: ClassVar[type]
-    _removed_options: ClassVar[dict[str, _Removed]] = {}
+    _removed_options: ClassVar[dict[str, Removed]] = {}
     _rf_only_fields: ClassVar[frozenset[str]] = frozenset(
         {"num_chunks", "warmup_ratio", "cache_budget_bytes", "clone_overrides"}
     )
@@ -487,7 +351,7 @@ class RFConfigMixin:
             check_field_values(self._trl_parent, kwargs, ranges=False)
         kwargs = {k: _copied(v) for k, v in kwargs.items()}
         if kwargs.get("fsdp"):
-            return _gang_config(self._trl_parent, kwargs)
+            return gang_config(self._trl_parent, kwargs)
         with preserved_accelerate_state():
             return self._trl_parent(**kwargs)
 
@@ -498,51 +362,6 @@ class RFConfigMixin:
         for name, knob in self._rf_knobs.items():
             out[name] = knob.to_json()
         return out
-
-
-def is_gang_config(config: Any) -> bool:
-    """Whether a concrete config's run is trained by a gang of workers (it sets ``fsdp``)."""
-    return bool(getattr(config, "fsdp", None))
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _gang_config(parent: type, kwargs: dict[str, Any]) -> Any:
-    """Build an FSDP run's TRL config. Under a launch it is built in the launch's world (the
-    run is trained by all workers as one distributed job), leaving the process's accelerate
-    state as it was; outside one it is built as any config (to inspect or validate it: the
-    trainer refuses to train it)."""
-    if not current_worker().launched:
-        with preserved_accelerate_state():
-            return parent(**kwargs)
-    if not _cuda():
-        if kwargs.get("ddp_backend") is None:
-            kwargs["ddp_backend"] = "gloo"  # the only process group a CPU machine has
-        if not _fsdp_on_cpu():
-            fsdp_config = kwargs.get("fsdp_config") or {}
-            offload = " (cpu_offload included)" if isinstance(fsdp_config, dict) and (
-                fsdp_config.get("cpu_offload") or fsdp_config.get("offload_params")) else ""
-            warnings.warn(
-                "No GPU: accelerate selects FSDP only on GPUs, so on this machine the FSDP runs "
-                "train data-parallel over the launch, as plain TRL would, and fsdp_config has "
-                f"no effect{offload}.", UserWarning, stacklevel=4)
-    saved = snapshot_accelerate_state()
-    try:
-        with in_launch_world():
-            return parent(**kwargs)
-    finally:
-        restore_accelerate_state(saved)
-
-
-def _fsdp_on_cpu() -> bool:
-    """Whether ``trl_rapidfire.testing.fsdp_on_cpu()`` put accelerate in FSDP mode on CPU."""
-    from accelerate.state import AcceleratorState
-
-    return bool(getattr(AcceleratorState.__init__, "_rf_fsdp_on_cpu", False))
 
 
 @contextlib.contextmanager
@@ -612,7 +431,7 @@ class RFDPOConfig(RFConfigMixin, DPOConfig):
     """
 
     _trl_parent: ClassVar[type] = DPOConfig
-    _removed_options: ClassVar[dict[str, _Removed]] = _DPO_REMOVED
+    _removed_options: ClassVar[dict[str, Removed]] = DPO_REMOVED
     eval_strategy: str = _strategy_field(DPOConfig, "eval_strategy")
     save_strategy: str = _strategy_field(DPOConfig, "save_strategy")
     max_prompt_length: int | None = field(
@@ -643,7 +462,7 @@ class RFGRPOConfig(RFConfigMixin, GRPOConfig):
     """
 
     _trl_parent: ClassVar[type] = GRPOConfig
-    _removed_options: ClassVar[dict[str, _Removed]] = _GRPO_REMOVED
+    _removed_options: ClassVar[dict[str, Removed]] = GRPO_REMOVED
     eval_strategy: str = _strategy_field(GRPOConfig, "eval_strategy")
     save_strategy: str = _strategy_field(GRPOConfig, "save_strategy")
     max_prompt_length: int | None = field(

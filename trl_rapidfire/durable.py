@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from .cache import _fsync_file, replace_folder
+from .atomic_folders import fsync_file as _fsync_file
+from .atomic_folders import replace_folder
 
 __all__ = [
     "checkpoint_at",

@@ -1,0 +1,140 @@
+"""An FSDP run's config: ``fsdp_config`` keys of older transformers mapped onto current ones,
+and the TRL config of a run that a gang of workers trains, built in the launch's world."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from .accelerate_state import (
+    preserved_accelerate_state,
+    restore_accelerate_state,
+    snapshot_accelerate_state,
+)
+from .config_errors import RFConfigError
+from .workers import current_worker, in_launch_world
+
+__all__ = ["gang_config", "is_gang_config", "normalize_fsdp_config"]
+
+_FSDP_RENAMED = {"offload_params": "cpu_offload"}
+_FSDP_KNOWN = frozenset(
+    {
+        "version", "cpu_offload", "auto_wrap_policy", "min_num_params",
+        "transformer_layer_cls_to_wrap", "cpu_ram_efficient_loading", "state_dict_type",
+        "activation_checkpointing", "reshard_after_forward", "xla", "xla_fsdp_settings",
+        "xla_fsdp_grad_ckpt", "xla_fsdp_v2",
+    }
+)
+_FSDP1_ONLY = frozenset(
+    {"forward_prefetch", "backward_prefetch", "use_orig_params", "sync_module_states",
+     "limit_all_gathers"}
+)
+_FSDP2_SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
+
+
+def normalize_fsdp_config(fsdp_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Map ``fsdp_config`` keys from older transformers onto current ones, loudly.
+
+    transformers 5 silently ignores keys it does not read. Here a renamed key is mapped with a
+    warning (``offload_params`` -> ``cpu_offload``), ``sharding_strategy`` becomes FSDP2's
+    ``reshard_after_forward``, FSDP1-only keys under FSDP2 and unknown keys are warned about, and
+    contradictions (both spellings, different values) are errors. Never drops an offload setting.
+    """
+    cfg = {(k[5:] if k.startswith("fsdp_") else k): v for k, v in fsdp_config.items()}
+    version = int(cfg.get("version", 2))
+    for old, new in _FSDP_RENAMED.items():
+        if old in cfg:
+            value = cfg.pop(old)
+            if new in cfg and cfg[new] != value:
+                raise RFConfigError(
+                    f"fsdp_config sets both `{old}`={value!r} and `{new}`={cfg[new]!r}; `{old}` is "
+                    f"the old name of `{new}`. Keep only `{new}`."
+                )
+            warnings.warn(
+                f"fsdp_config key `{old}` was renamed `{new}` in transformers 5; using "
+                f"{new}={value!r}.",
+                FutureWarning,
+                stacklevel=4,
+            )
+            cfg[new] = value
+    if "sharding_strategy" in cfg:
+        strategy = str(cfg.pop("sharding_strategy")).upper()
+        if version == 2:
+            if strategy not in _FSDP2_SHARDING:
+                raise RFConfigError(
+                    f"fsdp_config sharding_strategy={strategy!r} exists only in FSDP1; FSDP2 (the "
+                    "default, `version: 2`) supports FULL_SHARD and SHARD_GRAD_OP via "
+                    "`reshard_after_forward`."
+                )
+            mapped = _FSDP2_SHARDING[strategy]
+            if "reshard_after_forward" in cfg and cfg["reshard_after_forward"] != mapped:
+                raise RFConfigError(
+                    f"fsdp_config sharding_strategy={strategy!r} contradicts "
+                    f"reshard_after_forward={cfg['reshard_after_forward']!r}. Keep one."
+                )
+            cfg["reshard_after_forward"] = mapped
+        else:
+            cfg.setdefault("reshard_after_forward", strategy.lower())
+    if version == 2:
+        ignored = sorted(set(cfg) & _FSDP1_ONLY)
+        if ignored:
+            warnings.warn(
+                f"fsdp_config keys {ignored} only affect FSDP1; with FSDP2 (the default) they have "
+                "no effect.",
+                UserWarning,
+                stacklevel=4,
+            )
+    unknown = sorted(set(cfg) - _FSDP_KNOWN - _FSDP1_ONLY)
+    if unknown:
+        warnings.warn(
+            f"fsdp_config keys {unknown} are not read by transformers and have no effect.",
+            UserWarning,
+            stacklevel=4,
+        )
+    return cfg
+
+
+def is_gang_config(config: Any) -> bool:
+    """Whether a concrete config's run is trained by a gang of workers (it sets ``fsdp``)."""
+    return bool(getattr(config, "fsdp", None))
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def gang_config(parent: type, kwargs: dict[str, Any]) -> Any:
+    """Build an FSDP run's TRL config. Under a launch it is built in the launch's world (the
+    run is trained by all workers as one distributed job), leaving the process's accelerate
+    state as it was; outside one it is built as any config (to inspect or validate it: the
+    trainer refuses to train it)."""
+    if not current_worker().launched:
+        with preserved_accelerate_state():
+            return parent(**kwargs)
+    if not _cuda():
+        if kwargs.get("ddp_backend") is None:
+            kwargs["ddp_backend"] = "gloo"  # the only process group a CPU machine has
+        if not _fsdp_on_cpu():
+            fsdp_config = kwargs.get("fsdp_config") or {}
+            offload = " (cpu_offload included)" if isinstance(fsdp_config, dict) and (
+                fsdp_config.get("cpu_offload") or fsdp_config.get("offload_params")) else ""
+            warnings.warn(
+                "No GPU: accelerate selects FSDP only on GPUs, so on this machine the FSDP runs "
+                "train data-parallel over the launch, as plain TRL would, and fsdp_config has "
+                f"no effect{offload}.", UserWarning, stacklevel=4)
+    saved = snapshot_accelerate_state()
+    try:
+        with in_launch_world():
+            return parent(**kwargs)
+    finally:
+        restore_accelerate_state(saved)
+
+
+def _fsdp_on_cpu() -> bool:
+    """Whether ``trl_rapidfire.testing.fsdp_on_cpu()`` put accelerate in FSDP mode on CPU."""
+    from accelerate.state import AcceleratorState
+
+    return bool(getattr(AcceleratorState.__init__, "_rf_fsdp_on_cpu", False))
