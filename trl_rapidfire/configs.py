@@ -296,6 +296,11 @@ class RFConfigMixin:
 
     # ---- concrete configs ----------------------------------------------------------------------
 
+    def raw_values(self) -> dict[str, Any]:
+        """Every field as the user wrote it (knobs, ``"chunk"``, ``warmup_ratio``): what each
+        run's concrete config is built from."""
+        return dict(self._rf_raw)
+
     @property
     def knobs(self) -> dict[str, Knob]:
         """The config fields that hold a knob, in field order."""

@@ -125,6 +125,9 @@ class ModelGroup:
     runs: list[str] = field(default_factory=list)
     processing_class: Any = None
     initial_weights: list[torch.Tensor] | None = None
+    # The first run's settings that its trainer applies to the shared model or tokenizer
+    # (run name, {field: value}): the group's later runs must agree with them.
+    settings: tuple[str, dict[str, Any]] | None = None
     _tuner_layers: list[Any] | None = field(default=None, repr=False)
     _aux_modules: list[Any] | None = field(default=None, repr=False)
     # adapter -> (container, key, value) entries taken out of the tuner layers by detach()
@@ -202,6 +205,13 @@ class ModelGroup:
         for container, key, value in taken:
             container[key] = value
         return False
+
+    def delete_adapter(self, name: str) -> None:
+        """Remove run adapter ``name`` from the model (a run whose build failed half-way)."""
+        peft_config = getattr(self.model, "peft_config", None)
+        if isinstance(peft_config, dict) and name in peft_config:
+            self.model.delete_adapter(name)
+            self._tuner_layers = self._aux_modules = None
 
     def add_adapter(self, name: str, peft_config: Any, seed: int) -> list[torch.nn.Parameter]:
         """Add run adapter ``name`` initialised exactly as ``SFTTrainer`` would initialise it

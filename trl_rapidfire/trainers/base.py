@@ -361,7 +361,7 @@ class RFTrainerMixin:
             )
         self.args = args
         self.search = search
-        self._rf_raw_args = dict(getattr(args, "_rf_raw", {}))
+        self._rf_raw_args = args.raw_values() if isinstance(args, RFConfigMixin) else {}
         specs = search.expand(args, **knob_args)
         self._rf_check(specs, shared_args)
 
@@ -594,7 +594,7 @@ class RFTrainerMixin:
         spec = self._rf_specs.get(parent.name)
         if spec is None:
             raise OpError(f"{parent.name} never had a trainer; it cannot be cloned")
-        config_fields = (dict(self.args._rf_raw) if isinstance(self.args, RFConfigMixin)
+        config_fields = (self.args.raw_values() if isinstance(self.args, RFConfigMixin)
                          else {f.name: getattr(self.args, f.name)
                                for f in dataclasses.fields(self.args)})
         knob_specs = dict(getattr(self.args, "knobs", {}))
@@ -651,11 +651,7 @@ class RFTrainerMixin:
         for group in self._rf_pool.groups.values():
             if name in group.runs:
                 group.runs.remove(name)
-            adapter = adapter_name(int(name.rsplit("-", 1)[1]))
-            peft_config = getattr(group.model, "peft_config", None)
-            if isinstance(peft_config, dict) and adapter in peft_config:
-                group.model.delete_adapter(adapter)
-                group._tuner_layers = group._aux_modules = None
+            group.delete_adapter(adapter_name(int(name.rsplit("-", 1)[1])))
 
     def _rf_warm_start(self, slot: Any, parent: Any, warm_from: Path | None = None) -> None:
         if slot.gang:
@@ -940,9 +936,9 @@ _SHARED_SETTINGS = ("disable_dropout", "gradient_checkpointing", "activation_che
 
 def _check_group_agrees(group: Any, run: str, config: Any) -> None:
     values = {f: getattr(config, f) for f in _SHARED_SETTINGS if hasattr(config, f)}
-    first = getattr(group, "_rf_settings", None)
+    first = group.settings
     if first is None:
-        group._rf_settings = (run, values)
+        group.settings = (run, values)
         return
     other, theirs = first
     for field_name, value in values.items():
