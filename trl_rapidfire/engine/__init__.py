@@ -1,0 +1,58 @@
+"""The chunk engine: trains many runs in one process, one chunk at a time, each exactly as if
+it were trained alone.
+
+Each run is a live Trainer whose ``train()`` runs in a coroutine of its own (see
+:mod:`trl_rapidfire.switch`). The engine's loop repeats:
+
+1. ask the scheduler (:func:`~trl_rapidfire.scheduler.pick_next`) which run goes next;
+2. *switch in*: park the previous run's tensors in the state cache and unpark this run's
+   (:mod:`trl_rapidfire.residency`), activate its adapter, give it back its RNG streams and
+   accelerate state;
+3. resume its coroutine; its :class:`ChunkCallback` suspends it at the next chunk boundary
+   (or the run ends, or fails);
+4. *switch out*: save its RNG streams and accelerate state, record the chunk in the schedule.
+
+Which run goes next is claimed from the experiment's shared state (:mod:`trl_rapidfire.store`),
+so the same loop is one worker among several under ``accelerate launch``: each (run, chunk)
+is claimed by exactly one worker. At every chunk boundary the run writes an ordinary HF
+checkpoint (:mod:`trl_rapidfire.durable`) before the chunk counts as done. A run whose last
+chunk this worker trained continues in its suspended ``train()`` (the fast path); any other
+run, one trained by another worker or before a crash, is rebuilt and continues with the
+Trainer's own ``train(resume_from_checkpoint=...)``.
+
+The engine knows nothing of SFT, DPO or GRPO: the trainer layer builds each run's Trainer and
+registers it with :meth:`Engine.add_run`.
+
+The package, one concept a module (lower ones never import higher ones)::
+
+    records.py       RunSlot (a run's record, WeightsAt: where its weights are), EngineStats
+    support.py       disk faults, the wall clock, lease renewal, Ctrl-C, small conversions
+    callback.py      ChunkCallback, and TurnHost: the little it asks of the engine
+    building.py      a built trainer -> its chunk plan and RunSlot; runs failed before training
+    turns.py         switch in/out, parking, continuing from disk, boundary and final writes
+    coordination.py  the shared state: register, claim (Turn | Wait | Retry | Done), gangs,
+                     recording finished chunks
+    reporting.py     the tracker: chunk reports, the end of a run() call, ops from tags
+    ops.py           the ops desk: queue, policy, apply; clones (also from the shared state)
+    core.py          Engine: the face the trainer layer sees, and the loop of run()
+"""
+
+from .callback import ChunkCallback, TurnHost
+from .coordination import Claim, Done, Retry, Turn, Wait
+from .core import Engine
+from .records import EngineStats, RunFailure, RunSlot, WeightsAt
+
+__all__ = [
+    "ChunkCallback",
+    "Claim",
+    "Done",
+    "Engine",
+    "EngineStats",
+    "Retry",
+    "RunFailure",
+    "RunSlot",
+    "Turn",
+    "TurnHost",
+    "Wait",
+    "WeightsAt",
+]

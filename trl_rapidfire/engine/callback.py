@@ -1,0 +1,108 @@
+"""The chunk-boundary callback every run's trainer gets, and the little it needs from the
+engine (:class:`TurnHost`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from transformers import TrainerCallback
+
+from ..chunks import ChunkPlan
+from ..switch import RngState
+from .records import RunSlot
+
+__all__ = ["ChunkCallback", "TurnHost"]
+
+
+class TurnHost(Protocol):
+    """What :class:`ChunkCallback` asks of the engine, from inside a run's ``train()``."""
+
+    def save_boundary(self, slot: RunSlot) -> None:
+        """Write the run's checkpoint of the boundary just reached."""
+
+    def end_turn(self, slot: RunSlot) -> None:
+        """Suspend the run's coroutine until its next turn."""
+
+    def load_warm_optimizer_state(self, slot: RunSlot) -> None:
+        """Give a warm clone's new optimizer its parent's moments."""
+
+    def plan_for(
+        self, name: str, num_batches: int, args: Any, *, total_steps: int | None = None,
+        step_multiple: int = 1,
+    ) -> ChunkPlan:
+        """The chunk plan of a run whose dataloader has ``num_batches`` batches per epoch."""
+
+    def replanned(self) -> None:
+        """A run's plan changed (the experiment's chunk count with it)."""
+
+
+class ChunkCallback(TrainerCallback):
+    """Added to every run's trainer: ends the run's turn at each chunk boundary.
+
+    The turn ends at the first ``on_step_begin`` after a boundary, so everything the boundary
+    step triggers (logging, evaluation, checkpoints, epoch-end work) happens in the run's own
+    turn. A chunk boundary is not an epoch end: the callback never touches epoch control.
+    """
+
+    def __init__(self, host: TurnHost, slot: RunSlot) -> None:
+        self.host = host
+        self.slot = slot
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        slot = self.slot
+        if slot.warm_optimizer_state is not None:
+            self.host.load_warm_optimizer_state(slot)
+        if slot.warm_checkpoint is not None:
+            if state.global_step == 0:
+                slot.trainer._rf_warm_start_from(slot.warm_checkpoint)
+            slot.warm_checkpoint = None
+        if train_dataloader is not None and hasattr(train_dataloader, "__len__"):
+            # The dataloader the Trainer built is the truth (GRPO repeats every generation
+            # batch, a sampler may drop batches): plan from it before the first step.
+            plan = self.host.plan_for(
+                slot.name, len(train_dataloader), args, total_steps=state.max_steps,
+                step_multiple=slot.step_multiple,
+            )
+            if plan != slot.plan:
+                slot.plan = plan
+                self.host.replanned()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # Kept in memory; the engine hands a chunk's points to the tracker when the chunk ends.
+        now = int(time.time() * 1000)
+        step = int(state.global_step)
+        for key, value in (logs or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.slot.points.append((key, float(value), step, now))
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if state.global_step in self.slot.plan.boundaries:
+            # On resume the Trainer puts the random streams back *before* the next epoch
+            # shuffles its data: a boundary at an epoch end records them as of now.
+            self.slot.epoch_end_rng = (state.global_step, RngState.capture())
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        slot = self.slot
+        step = state.global_step
+        if step in slot.plan.boundaries and step not in slot.yielded_at:
+            slot.yielded_at.add(step)
+            # Here the next step's batches are fetched and nothing else has moved: exactly
+            # where train(resume_from_checkpoint=...) restores a mid-epoch checkpoint.
+            self.host.save_boundary(slot)
+            self.host.end_turn(slot)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        slot = self.slot
+        if state.global_step in slot.plan.boundaries:
+            if slot.chunk_eval:
+                control.should_evaluate = True
+                # Evaluation must not move the run's random streams.
+                slot.eval_rng = RngState.capture()
+            if slot.chunk_save:
+                control.should_save = True
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if self.slot.eval_rng is not None:
+            self.slot.eval_rng.restore()
+            self.slot.eval_rng = None

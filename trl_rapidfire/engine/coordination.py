@@ -1,0 +1,399 @@
+"""This worker's side of the experiment's shared state (:mod:`trl_rapidfire.store`): putting
+its runs in, claiming the next chunk, waiting for a gang, recording finished chunks, and
+keeping its view of every run the shared state's.
+
+Each change is one ``store.transaction()``. What the engine does about the outcome (a run's
+turn ends, clones are built) is the caller's: :meth:`Coordinator.claim` returns a
+:data:`Claim`, and the methods that record chunks return the runs whose turns ended."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import json
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..durable import checkpoint_at
+from ..faults import ExperimentFault, disk_fault, fault_message
+from ..runs import RunState, RunStatus
+from ..schedule import ChunkRecord, append_schedule_row, read_schedule_csv, write_schedule_csv
+from ..store import (
+    FileStore,
+    choose,
+    claim_next,
+    expire,
+    fail_claimed,
+    finish_chunk,
+    finish_gang_chunk,
+    gang_ready,
+    release,
+    renew,
+)
+from ..workers import WorkerInfo
+from .records import RunSlot, WeightsAt
+from .support import FaultNote, WallClock, json_knobs, load_trainer_state
+
+__all__ = ["Claim", "Coordinator", "Done", "GangWait", "Retry", "Turn", "Wait"]
+
+
+@dataclass(frozen=True, eq=False)
+class _Claim:
+    # The runs whose chunks the claim's transaction recorded: their turns end now.
+    recorded: tuple[RunSlot, ...] = field(default=(), kw_only=True)
+
+
+@dataclass(frozen=True, eq=False)
+class Turn(_Claim):
+    """This worker holds the claim of chunk number ``chunk`` of ``slot``: train it."""
+
+    slot: RunSlot
+    chunk: int
+
+
+@dataclass(frozen=True, eq=False)
+class Wait(_Claim):
+    """Nothing to claim now, but runs may come back: other workers are training them, or
+    this worker's own checkpoint writes are pending (their runs stay claimed until
+    recorded)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Retry(_Claim):
+    """Claim again at once, after building ``clones`` (made by another worker: ``{name:
+    recipe}``) or waiting for ``write`` (the checkpoint of the run to train next)."""
+
+    clones: dict[str, dict[str, str]] = field(default_factory=dict)
+    write: concurrent.futures.Future | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Done(_Claim):
+    """No run is left for this worker."""
+
+
+Claim = Turn | Wait | Retry | Done
+
+
+class GangWait(enum.Enum):
+    """How waiting for a gang's members ended."""
+
+    READY = "ready"  # every member joined: train the chunk together
+    BROKEN = "broken"  # a member is gone: the chunk will be trained again
+    TIMED_OUT = "timed out"  # the gang did not form in time: the run failed
+
+
+class Coordinator:
+    """Claims, leases, gangs and finished chunks of this worker, against the shared state.
+
+    Args:
+        store: the experiment's shared scheduler state.
+        worker: who this worker is.
+        slots: the engine's runs (shared, not copied).
+        forget: lets go of a run the shared state says was deleted.
+        clock: the experiment's training wall time (the first worker writes it).
+        fault: where a disk fault met while recording is noted.
+        schedule_path: ``schedule.csv``.
+        lease_seconds: how long a claim lives without renewal.
+    """
+
+    def __init__(
+        self, *, store: FileStore, worker: WorkerInfo, slots: dict[str, RunSlot],
+        forget: Callable[[RunSlot], None], clock: WallClock, fault: FaultNote,
+        schedule_path: Path, lease_seconds: float,
+    ) -> None:
+        self.store = store
+        self.worker = worker
+        self.slots = slots
+        self.schedule_path = schedule_path
+        self.lease_seconds = lease_seconds
+        self.idle_wait = 0.05
+        self.gang_wait_seconds = 1800.0  # longest wait for a gang's members to join
+        self.schedule: list[ChunkRecord] = []
+        self.training_elsewhere: set[str] = set()  # runs other workers are training now
+        self._forget = forget
+        self._clock = clock
+        self._fault = fault
+        self._train_calls = 0  # run() calls so far (the same in every worker of a launch)
+        self._claimed: tuple[str, int] | None = None
+        # Chunks trained but not yet recorded: (run, its checkpoint write, the chunk).
+        self._pending: list[tuple[RunSlot, Any, ChunkRecord]] = []
+
+    # ------------------------------------------------------------------ this worker's view
+
+    def register(self) -> tuple[dict[str, RunState], dict[str, dict[str, str]]]:
+        """First ``run()``: put this process's runs in the shared state, or take the state
+        that an earlier process (a killed experiment) or another worker left. Returns every
+        run's record and the clones this process has yet to build."""
+        with self.store.transaction() as st:
+            for slot in self.slots.values():
+                if slot.gang:
+                    st.gang_size[slot.name] = slot.gang
+                if slot.name not in st.runs:
+                    st.add_run(slot.name, len(slot.plan), json_knobs(slot.knobs))
+                    if slot.trainer is None:
+                        st.runs[slot.name].fail(slot.error or "could not be set up")
+            expire(st, now=time.time())
+            # Claims this worker left behind (an earlier trainer in this process that stopped
+            # for a disk fault could not write their release): nobody is training them.
+            for name in [n for n, c in st.claims.items() if c.worker == self.worker.id]:
+                release(st, name, self.worker.id)
+            records = {n: r.copy() for n, r in st.runs.items()}
+            clones = self._unbuilt_clones(st)
+            # Rows are appended under the same lock. Rewriting what is there drops a line a
+            # crash cut short, so the next row starts on a line of its own.
+            if self.schedule_path.exists():
+                self.schedule = read_schedule_csv(self.schedule_path)
+            write_schedule_csv(self.schedule, self.schedule_path)
+        return records, clones
+
+    def adopt(self, slot: RunSlot, record: RunState) -> None:
+        """Make this worker's view of ``slot`` the shared state's ``record``."""
+        before = slot.state
+        slot.state = record
+        if record.status == RunStatus.DELETED and before.status != RunStatus.DELETED:
+            self._forget(slot)
+            return
+        if record.status == RunStatus.FAILED and slot.error is None:
+            slot.error = record.error
+        behind = record.chunks_done > slot.local_chunks
+        if not behind:
+            return
+        if record.status == RunStatus.COMPLETED:
+            final = slot.final_dir
+            if (final / "trainer_state.json").is_file() and slot.weights is not WeightsAt.FINAL:
+                slot.disk_state = load_trainer_state(final / "trainer_state.json")
+                out = json.loads((final / "train_output.json").read_text("utf-8"))
+                from transformers.trainer_utils import TrainOutput
+
+                slot.train_output = TrainOutput(out["global_step"], out["training_loss"],
+                                                out["metrics"])
+                slot.weights = WeightsAt.FINAL
+        elif slot.checkpoints is not None and record.global_step != getattr(
+            slot.disk_state, "global_step", None
+        ):
+            ckpt = checkpoint_at(slot.checkpoints, record.global_step)
+            if ckpt is not None:
+                slot.disk_state = load_trainer_state(ckpt / "trainer_state.json")
+
+    def sync(self, st: Any) -> None:
+        """Inside a transaction: take every run's record as this worker's view."""
+        self.training_elsewhere = {n for n, c in st.claims.items() if c.worker != self.worker.id}
+        if self.worker.rank == 0 and self._clock.started is not None:
+            st.wall_seconds = self._clock.seconds()
+        for name, record in st.runs.items():
+            slot = self.slots.get(name)
+            if slot is not None:
+                self.adopt(slot, record.copy())
+
+    def _unbuilt_clones(self, st: Any) -> dict[str, dict[str, str]]:
+        return {n: dict(info) for n, info in st.clones.items() if n not in self.slots}
+
+    def read_wall_seconds(self) -> float:
+        """Training wall time of the experiment's earlier sessions."""
+        with self.store.transaction(durable=False) as st:
+            return st.wall_seconds
+
+    def reload_schedule(self) -> None:
+        """Every worker's chunks, as ``schedule.csv`` has them."""
+        self.schedule = read_schedule_csv(self.schedule_path)
+
+    # ------------------------------------------------------------------ claims
+
+    def new_call(self) -> None:
+        """A ``run()`` call begins (every worker of a launch makes the same calls)."""
+        self._train_calls += 1
+
+    def claim(self) -> Claim:
+        """Claim the next (run, chunk), recording in the same transaction the chunks whose
+        checkpoints are on disk."""
+        finished: list[RunSlot] = []
+        claimed = write = None
+        with self.store.transaction(durable=bool(self._pending)) as st:
+            if self._pending:
+                finished = self._record_finishes(st)
+            clones = self._unbuilt_clones(st)
+            # Under a launch nothing trains before the first worker has applied the ops its
+            # script queued before train() (e.g. a stop).
+            # Per train() call: a script that stops, resumes and trains again queues ops
+            # before each call, and every worker makes the same calls.
+            token = f"{self.worker.launch}#{self._train_calls}"
+            held = self.worker.launched and st.ready != token
+            if held and self.worker.rank == 0:
+                st.ready, held = token, False
+            writing = {slot.name: w for slot, w, _ in self._pending}
+            if not clones and not held and writing:
+                # A run whose checkpoint is still being written stays claimed by this worker;
+                # if it is the one to train next, wait for its write instead of moving on.
+                write = writing.get(choose(st, self.worker.id, finishing=writing))
+            if not clones and not held and write is None:
+                claimed = claim_next(st, self.worker.id, now=time.time(),
+                                     lease_seconds=self.lease_seconds)
+            waiting = st.live_claims()
+            self.sync(st)
+        recorded = tuple(finished)
+        if clones:  # made by another worker: build them here too
+            return Retry(clones=clones, recorded=recorded)
+        if write is not None:
+            return Retry(write=write, recorded=recorded)
+        if claimed is not None:
+            self._claimed = claimed
+            return Turn(self.slots[claimed[0]], claimed[1], recorded=recorded)
+        return Wait(recorded=recorded) if waiting or held else Done(recorded=recorded)
+
+    def turn_over(self) -> None:
+        """The claimed chunk's turn is over: recorded, released or failed from here on."""
+        self._claimed = None
+
+    def release_claim(self) -> None:
+        """Give back a claim whose chunk was not finished (the loop stopped in its turn)."""
+        if self._claimed is not None:
+            name, self._claimed = self._claimed[0], None
+            with self.store.transaction() as st:
+                release(st, name, self.worker.id)
+
+    def release(self, slot: RunSlot, *, sync: bool = False) -> None:
+        """Give back ``slot``'s claim: its turn did not move it (or met a disk fault)."""
+        with self.store.transaction() as st:
+            release(st, slot.name, self.worker.id)
+            if sync:
+                self.sync(st)
+
+    def fail(self, slot: RunSlot) -> None:
+        """Record in the shared state that ``slot`` failed (its turn ends: see the caller)."""
+        with self.store.transaction() as st:
+            fail_claimed(st, slot.name, self.worker.id, slot.error)
+            self.sync(st)
+
+    # ------------------------------------------------------------------ finished chunks
+
+    def defer_finish(self, slot: RunSlot, record: ChunkRecord) -> None:
+        """Record ``slot``'s chunk once its checkpoint is on disk, in the transaction of a
+        later claim (one lock and write per chunk, not two)."""
+        write, slot.write = slot.write, None
+        self._pending.append((slot, write, record))
+
+    def pending_chunks(self) -> Iterator[tuple[str, int]]:
+        """(run, chunk number) of every chunk trained here and not recorded yet."""
+        for slot, _, record in self._pending:
+            yield slot.name, record.number
+
+    def _record_finishes(self, st: Any, *, wait: bool = False) -> list[RunSlot]:
+        """Inside a transaction: record the chunks whose checkpoints are on disk (all of them,
+        waiting for their writes, with ``wait``). A run whose write failed fails."""
+        done, left = [], []
+        for slot, write, record in self._pending:
+            if write is not None and not write.done() and not wait:
+                left.append((slot, write, record))
+                continue
+            error = write.exception() if write is not None else None
+            if error is not None and disk_fault(error, ours=True) is not None:
+                # The previous boundary stays on disk and recorded: a re-run trains the chunk
+                # again from there. Nothing is failed.
+                self._fault.note(str(error) if isinstance(error, ExperimentFault)
+                                 else fault_message("the checkpoint", None,
+                                                    disk_fault(error, ours=True)))
+                release(st, slot.name, self.worker.id)
+                continue
+            if error is not None:
+                slot.error = f"writing its checkpoint failed: {type(error).__name__}: {error}"
+                fail_claimed(st, slot.name, self.worker.id, slot.error)
+                done.append(slot)
+                continue
+            st.chunks_total[slot.name] = len(slot.plan)
+            ok = finish_chunk(st, slot.name, self.worker.id, record.number,
+                              global_step=record.end_step, complete=slot.finished)
+            if ok:
+                append_schedule_row(record, self.schedule_path)
+                self.schedule.append(record)
+                slot.local_chunks = st.runs[slot.name].chunks_done
+            else:
+                warnings.warn(f"{slot.name}: this worker lost its claim on chunk "
+                              f"{record.number} (lease expired); another worker redoes it.",
+                              RuntimeWarning, stacklevel=4)
+                slot.local_chunks = -1
+            done.append(slot)
+        self._pending = left
+        return done
+
+    def flush_finishes(self) -> list[RunSlot]:
+        """Record every chunk trained here, waiting for its checkpoint (and for a gang chunk
+        to be recorded by its last member); returns the runs whose turns ended."""
+        self._wait_for_gang_record()
+        if not self._pending:
+            return []
+        with self.store.transaction() as st:
+            slots = self._record_finishes(st, wait=True)
+            self.sync(st)
+        return slots
+
+    def wait_for_a_write(self) -> bool:
+        """Block until the oldest pending checkpoint write ends; ``False`` if none is."""
+        for _, write, _ in self._pending:
+            if write is not None:
+                concurrent.futures.wait([write])
+                return True
+        return bool(self._pending)
+
+    # ------------------------------------------------------------------ gangs
+
+    def wait_for_gang(self, slot: RunSlot) -> GangWait:
+        """Until every member of the gang has joined (they join as they finish the chunk
+        they are training); ``BROKEN`` if the gang broke up (a member died), ``TIMED_OUT`` if
+        it could not form within ``gang_wait_seconds`` (then the run fails, saying why)."""
+        deadline = time.time() + self.gang_wait_seconds
+        while True:
+            with self.store.transaction(durable=False) as st:
+                expire(st, now=time.time())
+                ready = gang_ready(st)
+                if ready is None or st.gang["run"] != slot.name:
+                    return GangWait.BROKEN
+                if not ready and time.time() > deadline:
+                    joined = len(st.gang["members"])
+                    release(st, slot.name, self.worker.id)
+                    slot.error = (f"its gang of {slot.gang} workers did not form within "
+                                  f"{self.gang_wait_seconds:g} s ({joined} joined): are all "
+                                  "the launch's workers still in train()?")
+                    st.runs[slot.name].fail(slot.error)
+                    self.sync(st)
+                    return GangWait.TIMED_OUT
+                renew(st, slot.name, self.worker.id, now=time.time(),
+                      lease_seconds=self.lease_seconds)
+            if ready:
+                return GangWait.READY
+            time.sleep(self.idle_wait)
+
+    def _wait_for_gang_record(self) -> None:
+        """If this worker has done its share of a gang chunk, wait until the chunk is
+        recorded (by the last member): ops act on recorded boundaries."""
+        if not any(slot.gang for slot in self.slots.values()):
+            return
+        while True:
+            with self.store.transaction(durable=False) as st:
+                expire(st, now=time.time())  # a member that died ends the gang
+                if st.gang is None or self.worker.id not in st.gang["done"]:
+                    self.sync(st)  # the chunk as the last member recorded it
+                    return
+            time.sleep(self.idle_wait)
+
+    def finish_gang_chunk(self, slot: RunSlot, record: ChunkRecord) -> None:
+        """This member's share of the chunk (and of its checkpoint) is done: record it; the
+        last member to get here records the chunk itself."""
+        with self.store.transaction() as st:
+            st.chunks_total[slot.name] = len(slot.plan)
+            last = finish_gang_chunk(st, slot.name, self.worker.id, record.number,
+                                     global_step=record.end_step, complete=slot.finished)
+            if last:
+                append_schedule_row(record, self.schedule_path)
+            if last is not False:
+                self.schedule.append(record)
+                slot.local_chunks = record.number + 1 if not slot.finished else len(slot.plan)
+            else:
+                warnings.warn(f"{slot.name}: its gang broke up during chunk {record.number}; "
+                              "the chunk is trained again.", RuntimeWarning, stacklevel=4)
+                slot.local_chunks = -1
+            self.sync(st)

@@ -1,0 +1,433 @@
+"""The :class:`Engine`: the face the trainer layer sees, and the loop of a ``run()`` call.
+
+The engine is composed of collaborators, each in a module of its own: :class:`~.turns.Turns`
+(switching runs in and out, their checkpoints), :class:`~.coordination.Coordinator` (claims
+and records in the shared state), :class:`~.ops.OpsDesk` (control ops and clones) and
+:class:`~.reporting.Reporter` (the tracker). The loop asks them in turn; nothing below it
+calls back up."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import gc
+import signal
+import time
+import traceback
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..cache import StateCache
+from ..faults import ExperimentFault, disk_fault, fault_message
+from ..models import ModelGroup, ModelPool
+from ..progress import ExperimentProgress
+from ..results import RunResult
+from ..runs import RunStatus
+from ..schedule import ChunkRecord
+from ..store import FileStore
+from ..switch import RunCoroutine
+from ..trust import check_run_name, inside
+from ..workers import WorkerInfo, current_worker
+from .building import new_slot, plan_for, register_failed
+from .coordination import Claim, Coordinator, Done, GangWait, Retry, Turn, Wait
+from .ops import OpsDesk
+from .records import EngineStats, RunSlot, WeightsAt
+from .reporting import Reporter, progress_text
+from .support import FaultNote, Kept, LeaseKeeper, WallClock, install_sigint, orphaned
+from .turns import Turns
+
+__all__ = ["Engine"]
+
+
+class Engine:
+    """Runs the registered runs chunk by chunk until each is completed or failed.
+
+    Args:
+        output_dir: the experiment folder (``schedule.csv`` and ``runs/<name>/`` go here).
+        cache: where parked run state lives.
+        progress: show the progress bar and the runs table at chunk boundaries.
+        store: the experiment's shared scheduler state (default: a file store in
+            ``<output_dir>/.rapidfire`` for this process alone).
+        worker: who this worker is (default: this process, see :mod:`trl_rapidfire.workers`).
+        pool: the shared base models (moved on and off a CUDA device as runs take turns).
+        durable: write each run's checkpoint at every chunk boundary (what crash recovery
+            and moving runs between workers rest on).
+        lease_seconds: how long a claim lives without renewal (the worker renews it while it
+            trains; on this machine a dead worker is noticed at once, whatever the lease).
+    """
+
+    # Kept by the collaborator that uses them (see there for what each does), read and set
+    # here. The trainer layer sets the first four after construction.
+    rebuild = Kept("_turns")  # a fresh trainer for a run that continues from its checkpoint
+    clone_builder = Kept("_ops")  # how to build a clone's run
+    policy = Kept("_ops")  # automatic control (see policies.py)
+    tracker = Kept("_reporter")
+    durable = Kept("_turns")
+    end_turn = Kept("_turns")
+    save_boundary = Kept("_turns")
+    load_warm_optimizer_state = Kept("_turns")
+    op_log = Kept("_ops")
+    queue_op = Kept("_ops")
+    apply_ops = Kept("_ops")
+    parent_state = Kept("_ops")
+    warm_dir = Kept("_ops")
+    last_checkpoint = Kept("_ops")
+    schedule = Kept("_shared")
+    lease_seconds = Kept("_shared")
+    idle_wait = Kept("_shared")
+    gang_wait_seconds = Kept("_shared")
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        cache: StateCache,
+        *,
+        progress: bool = True,
+        store: FileStore | None = None,
+        worker: WorkerInfo | None = None,
+        pool: ModelPool | None = None,
+        durable: bool = True,
+        lease_seconds: float = 120.0,
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.cache = cache
+        self.worker = worker or current_worker()
+        self.store = store or FileStore(self.output_dir / ".rapidfire", fingerprint="")
+        self.pool = pool
+        self.slots: dict[str, RunSlot] = {}
+        self.stats = EngineStats()
+        self.interrupted = False
+        self._progress_enabled = progress
+        self._progress: ExperimentProgress | None = None
+        self._registered = False
+        # A disk fault stopped the experiment (faults.py): this engine trains no more; a
+        # re-run of the script continues from the last recorded boundaries.
+        self._fault = FaultNote()
+        self._clock = WallClock()
+        self._reporter = Reporter()
+        self._turns = Turns(output_dir=self.output_dir, cache=cache, pool=pool,
+                            slots=self.slots, rank=self.worker.rank, replanned=self.replanned)
+        self._turns.durable = durable
+        self._shared = Coordinator(
+            store=self.store, worker=self.worker, slots=self.slots, forget=self._turns.forget,
+            clock=self._clock, fault=self._fault, schedule_path=self.schedule_path,
+            lease_seconds=lease_seconds,
+        )
+        self._ops = OpsDesk(
+            output_dir=self.output_dir, store=self.store, worker=self.worker, slots=self.slots,
+            cache=cache, turns=self._turns, shared=self._shared, reporter=self._reporter,
+            clock=self._clock, replanned=self.replanned,
+        )
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.output_dir / ".rapidfire" / "checkpoints"
+
+    @property
+    def schedule_path(self) -> Path:
+        return self.output_dir / "schedule.csv"
+
+    # ------------------------------------------------------------------ building
+
+    plan_for = staticmethod(plan_for)
+
+    def add_run(
+        self,
+        *,
+        name: str,
+        index: int,
+        knobs: dict[str, Any],
+        trainer: Any,
+        group: ModelGroup,
+        adapter: str | None,
+        params: Sequence[torch.nn.Parameter],
+        num_chunks: int,
+        run_dir: Path,
+        chunk_eval: bool = False,
+        chunk_save: bool = False,
+        gang: int = 0,
+    ) -> RunSlot:
+        """Register a freshly built trainer as a run (``gang``: trained by that many workers
+        together, e.g. FSDP; its trainer was built in the launch's world).
+
+        Call right after building the trainer: its RNG streams and accelerate's state are
+        captured now, as the run's starting point (what they would be in a script that built
+        this trainer alone and then called ``train()``).
+        """
+        check_run_name(name)
+        inside(self.output_dir, run_dir)  # names come from files too: never outside
+        inside(self.output_dir, self.checkpoint_root / name)
+        slot = new_slot(
+            trainer, name=name, params=params, num_chunks=num_chunks, gang=gang, index=index,
+            knobs=knobs, group=group, adapter=adapter, run_dir=Path(run_dir),
+            checkpoints=self.checkpoint_root / name, chunk_eval=chunk_eval, chunk_save=chunk_save,
+        )
+        self._turns.attach(slot, trainer)
+        self.slots[name] = slot
+        return slot
+
+    def add_failed_run(
+        self, *, name: str, index: int, knobs: dict[str, Any], run_dir: Path,
+        group: ModelGroup | None, error: BaseException,
+    ) -> RunSlot:
+        """Register a run whose trainer could not be built (e.g. its formatting function
+        raised while the dataset was prepared): it is failed from the start, the others go on."""
+        return register_failed(self.slots, name=name, index=index, knobs=knobs,
+                               run_dir=run_dir, group=group, error=error, stacklevel=3)
+
+    def replanned(self) -> None:
+        if self._progress is not None:
+            self._progress.set_total(self.total_chunks)
+
+    @property
+    def total_chunks(self) -> int:
+        return sum(len(s.plan) for s in self.slots.values())
+
+    def results(self) -> list[RunResult]:
+        # A copy of the slots: a clone may be added meanwhile by a training thread.
+        return [s.result() for s in list(self.slots.values())]
+
+    def failures(self) -> dict[str, str]:
+        return {s.name: s.error or s.state.error or "failed" for s in self.slots.values()
+                if s.state.status == RunStatus.FAILED}
+
+    progress_text = staticmethod(progress_text)
+
+    def activate(self, name: str) -> None:
+        """Make ``name``'s weights the live ones in its model (after training, for the best
+        run: ``trainer.model``, ``save_model()``, ``evaluate()``)."""
+        slot = self.slots[name]
+        if slot.weights is WeightsAt.FINAL:
+            # Trained to the end elsewhere: its final weights are on disk.
+            self._switch_in(slot)
+            self._turns.load_final(slot)
+            return
+        self._switch_in(slot)
+
+    # The loop calls these two through the engine (a test wraps them on an instance).
+
+    def _switch_in(self, slot: RunSlot) -> None:
+        self._turns.switch_in(slot)
+
+    def _ops_pending(self) -> bool:
+        return self._ops.pending()
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        """Train every registered run to the end (or to its failure).
+
+        With several workers (``accelerate launch``), returns when no run is left for any of
+        them. The first Ctrl-C stops at the next chunk boundary (``interrupted`` is set, the
+        finished chunks are on disk, a re-run continues); a second one stops at once.
+        """
+        if self._fault.message is not None:
+            raise ExperimentFault(self._fault.message)
+        started, previous_handler = self._start_run_call()
+        ok = False
+        try:
+            self._loop()
+            ok = self._fault.message is None
+        except Exception as exc:
+            detail = disk_fault(exc, ours=True) if isinstance(exc, OSError) else None
+            if isinstance(exc, ExperimentFault) or detail is not None:
+                self._fault.note(str(exc) if detail is None else
+                                 fault_message("the experiment's files", None, detail))
+            else:
+                raise
+        finally:
+            self._end_run_call(started, ok, previous_handler)
+        if self._fault.message is not None:
+            raise ExperimentFault(self._fault.message)
+
+    def _start_run_call(self) -> tuple[float, Any]:
+        """What every ``run()`` call does first: returns when it started and the Ctrl-C
+        handler it replaced."""
+        # Under a launch the first worker shows the experiment's progress for all of them.
+        self._progress = ExperimentProgress(
+            self.total_chunks, enabled=self._progress_enabled and self.worker.rank == 0
+        )
+        # Every run's train() starts with accelerate's free_memory(), a full gc.collect() over
+        # everything the process holds (~0.2 s per run with the HF stack imported). The models,
+        # datasets and trainers built so far live as long as the experiment: freeze them out
+        # of the collector's view for its duration.
+        gc.collect()
+        gc.freeze()
+        # Only the first worker applies ops from tags: the others need not poll them.
+        self._reporter.start(polling=self.worker.rank == 0)
+        started = self._clock.started = time.perf_counter()
+        self._shared.new_call()
+        self.interrupted = False
+        return started, install_sigint(self)
+
+    def _loop(self) -> None:
+        """The scheduler loop of one ``run()`` call."""
+        if not self._registered:
+            self._register()
+        if self.worker.rank == 0:
+            self._clock.before = self._shared.read_wall_seconds()
+        self._progress.set_done(self._chunks_done())
+        while not self.interrupted and self._fault.message is None:
+            if self.worker.launched and orphaned(self.worker.rank):
+                # Its launcher died (killed alone): stop at this boundary, so that a re-run
+                # never shares the experiment with this worker.
+                self.interrupted = True
+                break
+            self._ops.consult_policy()
+            if self._ops_pending():
+                # Ops act on runs as of their last trained chunk: record those first.
+                self._flush_finishes()
+                self.apply_ops()
+            match self._claim():
+                case Done():
+                    break
+                case Retry():
+                    continue
+                case Wait():
+                    # Waiting for our own checkpoint writes (their runs stay claimed until
+                    # recorded), else for other workers.
+                    if not self._shared.wait_for_a_write():
+                        time.sleep(self.idle_wait)
+                case Turn() as turn:
+                    self._turn(turn)
+
+    def _register(self) -> None:
+        """First ``run()``: put this process's runs in the shared state, or take the state
+        that an earlier process (a killed experiment) or another worker left."""
+        records, clones = self._shared.register()
+        for name, info in clones.items():
+            self._ops.build_clone_from_store(name, info)
+        for name, record in records.items():
+            if name in self.slots:
+                slot = self.slots[name]
+                self._shared.adopt(slot, record)
+                if record.chunks_done and self.worker.rank == 0:
+                    self._reporter.recovered(slot)
+        self._registered = True
+
+    def _claim(self) -> Claim:
+        """Claim the next chunk; the turns of the chunks recorded meanwhile end first, and a
+        :class:`Retry`'s clones are built (or its write waited for) before it is returned."""
+        claim = self._shared.claim()
+        for slot in claim.recorded:
+            self._after_turn(slot)
+        if isinstance(claim, Retry):
+            for name, info in claim.clones.items():
+                self._ops.build_clone_from_store(name, info)
+            if claim.write is not None:
+                concurrent.futures.wait([claim.write])
+        return claim
+
+    def _turn(self, claim: Turn) -> None:
+        """Train the claimed chunk: switch the run in, resume it until its next boundary (or
+        its end), switch it out, and record the chunk (or release or fail it)."""
+        slot, chunk_number, shared = claim.slot, claim.chunk, self._shared
+        if slot.state.chunks_done > slot.local_chunks or (
+            slot.state.chunks_done and slot.coroutine is None and slot.resume_from is None
+        ):
+            try:
+                self._turns.continue_from_disk(slot)
+            except Exception as exc:  # noqa: BLE001 - this run fails, the others go on
+                slot.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                slot.error_traceback = traceback.format_exc()
+                shared.turn_over()
+                shared.fail(slot)
+                self._after_turn(slot)
+                return
+        if slot.gang:
+            gang = shared.wait_for_gang(slot)
+            if gang is not GangWait.READY:
+                if gang is GangWait.TIMED_OUT:
+                    self._after_turn(slot)  # it failed
+                shared.turn_over()  # a member is gone: the chunk will be trained again
+                return
+        chunk = slot.plan.chunks[chunk_number] if chunk_number < len(slot.plan) else None
+        start_step = chunk.start_step if chunk is not None else slot.state.global_step
+        self._switch_in(slot)
+        if slot.coroutine is None:
+            slot.coroutine = RunCoroutine(lambda: self._turns.run_main(slot), name=slot.name)
+        if self._progress is not None:
+            self._progress.start(slot.name)
+        t0 = time.time()
+        self._reporter.set_active(True)  # MLflow work runs while the chunk computes...
+        keeper = LeaseKeeper(self.store, self.worker.id, slot.name, self.lease_seconds)
+        try:
+            slot.coroutine.resume()
+        finally:
+            keeper.stop()
+            self._reporter.set_active(False)  # ...and waits while the engine switches
+        t1 = time.time()
+        self._turns.switch_out(slot)
+        end_step = int(slot.trainer.state.global_step)
+        shared.turn_over()
+
+        if slot.fault is not None:
+            # Its train() is gone; the chunk is trained again, by a re-run, from the last
+            # boundary on disk (kept until a newer one is recorded).
+            self._fault.note(slot.fault)
+            slot.fault, slot.coroutine = None, None
+            shared.release(slot)
+            return
+        moved = end_step > start_step or slot.finished
+        record = ChunkRecord(
+            run=slot.name, epoch=chunk.epoch if chunk else 0,
+            chunk=chunk.index if chunk else 0, number=chunk_number,
+            worker=self.worker.rank, start_time=t0, end_time=t1,
+            start_step=start_step, end_step=end_step,
+        )
+        if slot.error is not None:
+            shared.fail(slot)
+        elif slot.gang and moved:
+            shared.finish_gang_chunk(slot, record)
+            self._after_turn(slot)  # (a gang chunk's turn ends twice, as it always has)
+        elif moved:
+            shared.defer_finish(slot, record)  # recorded once its checkpoint is on disk
+            return
+        else:
+            shared.release(slot, sync=True)
+        self._after_turn(slot)
+
+    def _after_turn(self, slot: RunSlot) -> None:
+        if slot.error is not None and slot.state.status == RunStatus.FAILED:
+            self._turns.drop(slot)
+            warnings.warn(f"{slot.name} failed: {slot.error}", RuntimeWarning, stacklevel=3)
+        if slot.state.status == RunStatus.COMPLETED and slot.checkpoints is not None:
+            self._turns.remove_checkpoints(slot)
+        self._reporter.report(slot)
+        if self._progress is not None and self._progress.showing and slot.error is None:
+            self._progress.chunk_done(self.results(), self._chunks_done())
+
+    def _flush_finishes(self) -> None:
+        for slot in self._shared.flush_finishes():
+            self._after_turn(slot)
+
+    def _chunks_done(self) -> int:
+        return sum(min(s.state.chunks_done, len(s.plan)) for s in self.slots.values())
+
+    def _end_run_call(self, started: float, ok: bool, previous_handler: Any) -> None:
+        """What every ``run()`` call does last, however its loop ended."""
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
+        # A disk fault in the clean-up is noted, never raised over what ended the loop.
+        with self._fault.kept():
+            self._flush_finishes()  # a finished chunk is never lost, whatever stopped
+        with self._fault.kept():
+            self._shared.release_claim()
+        gc.unfreeze()
+        self.stats.wall += time.perf_counter() - started
+        self._clock.started = None
+        self.stats.compute = sum(s.compute_seconds for s in self.slots.values())
+        self.stats.turns = len(self.schedule)
+        self._progress.close()
+        self._progress = None
+        if ok and self.worker.launched:
+            self._shared.reload_schedule()
+        if not ok:
+            # Interrupted: unwind every suspended train(). On a normal end the only
+            # suspended runs are stopped ones, kept resumable for a later train().
+            self._turns.abort_suspended()
+        self._reporter.finish(self.slots.values(), stacklevel=2)
+

@@ -1,0 +1,328 @@
+"""The ops desk: control ops (``stop``, ``resume``, ``delete``, ``clone``, ``clone-warm``) from
+the script, from run tags and from the experiment's policy, applied at chunk boundaries; and
+the clones they make, built here or from another worker's recipe in the shared state."""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..cache import StateCache, save_tree
+from ..control import Op, OpError, OpRecord, append_op_row, parse_op
+from ..durable import checkpoint_at, run_state_from_checkpoint
+from ..policies import Context, Policy, RunHistory
+from ..runs import RunState, RunStatus
+from ..store import FileStore, disband_forming_gang
+from ..trust import check_run_name, inside
+from ..workers import WorkerInfo
+from .building import register_failed
+from .coordination import Coordinator
+from .records import RunSlot
+from .reporting import Reporter
+from .support import WallClock, canonical_op, json_knobs
+from .turns import Turns
+
+__all__ = ["OpsDesk", "change_status"]
+
+
+class OpsDesk:
+    """Takes ops in (any thread), asks the policy, and applies what is pending, once: under a
+    launch only the first worker applies ops, and what they change reaches the others
+    through the shared state.
+
+    Args:
+        output_dir: the experiment folder (``ops.csv``, ``.rapidfire/warm/<run>``).
+        store, worker, slots: the shared state, this worker, the engine's runs.
+        cache: where parked run state lives (a warm clone copies its parent's from there).
+        turns: parks a stopped run, forgets a failed one.
+        shared: this worker's view of the shared state.
+        reporter: tells the tracker each op's result, and hears the ops set as tags.
+        clock: the experiment's training wall time (policies budget it).
+        replanned: told when clones change the experiment's chunk count.
+    """
+
+    def __init__(
+        self, *, output_dir: Path, store: FileStore, worker: WorkerInfo,
+        slots: dict[str, RunSlot], cache: StateCache, turns: Turns, shared: Coordinator,
+        reporter: Reporter, clock: WallClock, replanned: Callable[[], None],
+    ) -> None:
+        self.output_dir = output_dir
+        self.store = store
+        self.worker = worker
+        self.slots = slots
+        self.cache = cache
+        self.op_log: list[OpRecord] = []
+        # Set by the trainer layer: how to build a clone's run.
+        self.clone_builder: Callable[..., RunSlot] | None = None
+        # Automatic control (see policies.py), asked by the first worker at every chunk end.
+        self.policy: Policy | None = None
+        self._turns = turns
+        self._shared = shared
+        self._reporter = reporter
+        self._clock = clock
+        self._replanned = replanned
+        # (source, run, op text, reason): "python", "tag" or "policy:<name>".
+        self._queued: list[tuple[str, str, str, str | None]] = []
+        # (run, op) the script itself asked for: a clone recipe in the shared state that
+        # matches one may be rebuilt with the author's rights.
+        self._author_ops: set[tuple[str, str]] = set()
+        # Ops may be queued from another thread (a notebook while train(blocking=False) runs).
+        self._lock = threading.Lock()
+        self._policy_seen: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ taking ops in
+
+    def queue_op(self, run: str, op: str, source: str = "python",
+                 reason: str | None = None) -> None:
+        """Apply ``op`` to ``run`` at the next chunk boundary (or the next ``train()``)."""
+        with self._lock:
+            self._queued.append((source, run, op, reason))
+            if source != "tag":
+                self._author_ops.add((run, canonical_op(op)))
+
+    def pending(self) -> bool:
+        """Whether this worker has ops to apply."""
+        if self.worker.rank != 0:
+            return False
+        return bool(self._queued) or bool(self._reporter.pending_ops())
+
+    def consult_policy(self) -> None:
+        """Ask the policy about every chunk finished since it was last asked (by any worker)
+        and queue its decisions as ops.
+
+        A chunk of this worker counts as finished as soon as it trained, before its checkpoint
+        is recorded: a decision must reach the scheduler before the next claim, and ops wait
+        for pending records anyway (``apply_ops`` acts on recorded boundaries).
+        """
+        if self.policy is None or self.worker.rank != 0:
+            return
+        done = {s.name: s.state.chunks_done for s in self.slots.values()}
+        for name, number in self._shared.pending_chunks():
+            done[name] = max(done[name], number + 1)
+        fresh = [s for s in self.slots.values() if done[s.name] > self._policy_seen.get(s.name, 0)]
+        if not fresh:
+            return
+        context = self._policy_context(done)
+        decided: set[tuple[str, str]] = set()
+        for slot in fresh:
+            self._policy_seen[slot.name] = done[slot.name]
+            for d in self.policy.on_chunk_end(slot.name, context):
+                if d.action == "clone":
+                    verb = "clone-warm" if d.warm else "clone"
+                    text = f"{verb} {json.dumps(dict(d.overrides), default=str)}"
+                else:
+                    # Several fresh chunks can lead to the same verdict on a waiting run.
+                    if (d.run, d.action) in decided:
+                        continue
+                    decided.add((d.run, d.action))
+                    text = d.action
+                self.queue_op(d.run, text, source=f"policy:{d.by or self.policy.name}",
+                              reason=d.reason)
+
+    def _policy_context(self, done: dict[str, int]) -> Context:
+        runs = {}
+        for s in self.slots.values():
+            state = s.trainer.state if s.trainer is not None else None
+            if s.disk_state is not None and (state is None
+                                             or s.disk_state.global_step > state.global_step):
+                state = s.disk_state
+            runs[s.name] = RunHistory(
+                name=s.name, status=s.state.status, chunks_done=done[s.name],
+                chunks_total=len(s.plan), chunk_ends=tuple(c.end_step for c in s.plan.chunks),
+                log=tuple(state.log_history) if state is not None else (), knobs=s.knobs,
+                parent=s.state.parent, training=s.name in self._shared.training_elsewhere,
+            )
+        return Context(runs, self._clock.seconds())
+
+    # ------------------------------------------------------------------ applying them
+
+    def apply_ops(self) -> list[OpRecord]:
+        """Apply every pending op (tags polled by the tracker, queued Python ops).
+
+        Under a launch every worker runs the same script, so an op the script queues is
+        queued by each, and every worker sees the same tags: the first worker alone applies
+        ops, once, and what they change reaches the others through the shared state.
+        """
+        with self._lock:
+            pending, self._queued = self._queued, []
+        if self.worker.rank != 0:
+            return []
+        pending += [("tag", run, text, None)
+                    for run, text in self._reporter.pending_ops().items()]
+        # A person's op on a run wins over a policy's at the same boundary.
+        by_person = {run for source, run, _, _ in pending if not source.startswith("policy")}
+        records = []
+        for source, run, text, reason in pending:
+            automatic = source.startswith("policy")
+            if automatic and run in by_person:
+                result = "skipped: a person's op on this run wins"
+            else:
+                try:
+                    op = Op("fail") if automatic and text == "fail" else parse_op(text)
+                    # Tag text is anyone's who can write to the tracking server: only the
+                    # script's own ops (Python calls, its policies) may go beyond
+                    # hyperparameters.
+                    result = "ok: " + self._apply(run, op, reason, trusted=source != "tag")
+                    if automatic:
+                        result += f" by {source.split(':', 1)[1]} {reason}"
+                except OpError as err:
+                    result = f"error: {err}"
+            record = OpRecord.now(source, run, text, result)
+            records.append(record)
+            self.op_log.append(record)
+            append_op_row(record, self.output_dir / "ops.csv")
+            self._reporter.answer_op(source, run, text, result, known=run in self.slots)
+            if run in self.slots:
+                self.slots[run].last_op = result
+                self._reporter.report(self.slots[run])
+            if result.startswith("error") and source == "python":
+                warnings.warn(f"op {text!r} on {run}: {result}", RuntimeWarning, stacklevel=2)
+        return records
+
+    def _apply(self, run: str, op: Op, reason: str | None = None, *,
+               trusted: bool = False) -> str:
+        if op.verb in ("stop", "resume", "delete", "fail"):
+            with self.store.transaction() as st:
+                record = st.runs.get(run)
+                if record is None or run not in self.slots:
+                    raise OpError(f"no run named {run!r}; runs: {sorted(self.slots)}")
+                result = change_status(record, op.verb, reason)
+                # A worker may have opened its next chunk's gang meanwhile: not trained now.
+                disband_forming_gang(st, run)
+                self._shared.sync(st)
+            slot = self.slots[run]
+            if op.verb == "fail":
+                self._turns.forget(slot)
+                return result
+            if op.verb == "stop" and slot.residency.resident and slot.trainer is not None \
+                    and slot.state.chunks_done and slot.local_chunks == slot.state.chunks_done:
+                self._turns.park(slot)
+            return result
+        slot = self.slots.get(run)
+        if slot is None:
+            raise OpError(f"no run named {run!r}; runs: {sorted(self.slots)}")
+        if slot.state.status == RunStatus.DELETED:
+            raise OpError(f"{run} is deleted; no op applies to it")
+        if self.clone_builder is None:
+            raise OpError("this experiment cannot clone runs")
+        # Under the lock: the clone's name is taken from the shared state, so two workers
+        # cloning at once never pick the same one, and the others learn how to build it.
+        with self.store.transaction() as st:
+            taken = {int(n.rsplit("-", 1)[1]) for n in st.runs if n.rsplit("-", 1)[-1].isdigit()}
+            taken |= {s.index for s in self.slots.values()}
+            name = f"run-{max(taken) + 1}"
+            clone = self.clone_builder(slot, op, name=name, trusted=trusted)
+            st.add_run(clone.name, len(clone.plan), json_knobs(clone.knobs))
+            if clone.gang:
+                st.gang_size[clone.name] = clone.gang
+            st.runs[clone.name].parent = clone.state.parent
+            st.runs[clone.name].warm_start = clone.state.warm_start
+            st.clones[clone.name] = {"parent": run, "op": str(op)}
+            if op.warm and clone.warm_state_tree is not None:
+                save_tree(clone.warm_state_tree, self.warm_dir(clone.name))
+            self._shared.sync(st)
+        self._replanned()
+        return f"created {clone.name}" + (f" warm-started from {run}" if op.warm else "")
+
+    def build_clone_from_store(self, name: str, info: dict[str, str]) -> None:
+        """Build the clone ``name`` another worker (or an earlier session) made, from its
+        recipe ``info`` in the shared state; if it cannot be built here, it alone fails."""
+        parent = self.slots.get(info["parent"])
+        if parent is None or self.clone_builder is None:
+            raise RuntimeError(f"cannot build clone {name}: parent {info['parent']} unknown")
+        warm = self.warm_dir(name)
+        # The state file is not the author: its recipe is held to a tag's limits, unless this
+        # script asked for the same clone itself (every worker of a launch queues its ops).
+        trusted = (info["parent"], info["op"]) in self._author_ops
+        try:
+            self.clone_builder(parent, parse_op(info["op"]), name=name,
+                               warm_from=warm if warm.is_dir() else None, trusted=trusted)
+        except OpError as err:
+            # Not buildable here (e.g. a Python clone of another session that loads code):
+            # that run fails alone, saying why; the others train on.
+            register_failed(
+                self.slots, name=name, index=int(name.rsplit("-", 1)[1]), knobs={}, group=None,
+                run_dir=self.output_dir / "runs" / name,
+                error=OpError(f"cannot rebuild clone {name} of {info['parent']} from "
+                              f"{self.store.path}: {err}"),
+                stacklevel=2,
+            )
+            with self.store.transaction() as st:
+                record = st.runs.get(name)
+                if record is not None and record.status.schedulable:
+                    record.fail(self.slots[name].error)
+                self._shared.sync(st)
+        self._replanned()
+
+    # ------------------------------------------------------------------ warm starts
+
+    def parent_state(self, slot: RunSlot) -> tuple[list[torch.Tensor], list[Any]]:
+        """Copies of ``slot``'s parameter values and per-parameter optimizer state, as of its
+        last finished chunk (for a warm-started clone)."""
+        optimizer = slot.trainer.optimizer if slot.trainer is not None else None
+        if slot.state.chunks_done > slot.local_chunks:
+            # Trained by another worker or an earlier process: its state is its checkpoint.
+            return self._state_on_disk(slot)
+        try:
+            return slot.residency.copy_state(self.cache, optimizer)
+        except LookupError as err:
+            raise OpError(f"{slot.name} has no weights to start from") from err
+
+    def warm_dir(self, name: str) -> Path:
+        """Where a warm clone's starting state is kept for the other workers and re-runs."""
+        path = self.output_dir / ".rapidfire" / "warm" / check_run_name(name)
+        inside(self.output_dir, path)
+        return path
+
+    def last_checkpoint(self, slot: RunSlot) -> Path:
+        """``slot``'s checkpoint at its last finished chunk (to warm-start a clone from)."""
+        ckpt = checkpoint_at(slot.checkpoints, slot.state.global_step) if slot.checkpoints \
+            else None
+        if ckpt is None:
+            raise OpError(f"{slot.name} has no checkpoint at step {slot.state.global_step} to "
+                          "warm-start from (a finished run keeps only its final weights); use "
+                          "`clone`")
+        return ckpt
+
+    def _state_on_disk(self, slot: RunSlot) -> tuple[list[torch.Tensor], list[Any]]:
+        ckpt = self.last_checkpoint(slot)
+        model = slot.group.model
+        if slot.adapter is not None:
+            slot.group.attach(slot.adapter)  # its parameters' names are read from the model
+        own = {id(p) for p in slot.residency.params}
+        named = [(n, p) for n, p in model.named_parameters() if id(p) in own]
+        decay = set(slot.trainer.get_decay_parameter_names(model))
+        try:
+            return run_state_from_checkpoint(ckpt, named, slot.adapter, decay)
+        except LookupError as err:
+            raise OpError(f"cannot warm-start from {slot.name}'s checkpoint: {err}") from None
+
+
+def change_status(record: RunState, verb: str, reason: str | None = None) -> str:
+    """Apply a status op to ``record`` (in the shared state); returns the op's result."""
+    status = record.status
+    if status == RunStatus.DELETED:
+        raise OpError(f"{record.name} is deleted; no op applies to it")
+    if verb == "fail":  # only policies fail runs (a NaN metric), with their reason
+        if not status.schedulable:
+            raise OpError(f"{record.name} is {status.value}; only pending or running runs fail")
+        record.fail(reason or "failed by a policy")
+        return "failed"
+    if verb == "stop":
+        if not status.schedulable:
+            raise OpError(f"{record.name} is {status.value}; only pending or running runs stop")
+        record.move(RunStatus.STOPPED)
+        return f"stopped at step {record.global_step}"
+    if verb == "resume":
+        if status != RunStatus.STOPPED:
+            raise OpError(f"{record.name} is {status.value}; only a stopped run can be resumed")
+        record.resume()
+        return f"resumed at step {record.global_step}"
+    record.move(RunStatus.DELETED)
+    return "deleted"

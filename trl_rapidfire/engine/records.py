@@ -1,0 +1,154 @@
+"""The engine's record of one run (:class:`RunSlot`): its trainer, its plan, where its weights
+are, and everything its turns must not lose; and what a ``run()`` call reports back."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..chunks import ChunkPlan
+from ..models import ModelGroup
+from ..residency import Residency
+from ..results import RunResult, latest_metrics
+from ..runs import RunState
+from ..switch import RngState, RunCoroutine
+
+__all__ = ["EngineStats", "RunFailure", "RunSlot", "WeightsAt"]
+
+
+class RunFailure(RuntimeError):
+    """Every run of the experiment failed; the message lists each run's error."""
+
+
+@dataclass
+class EngineStats:
+    """Where the experiment's wall time went (seconds).
+
+    ``compute`` is time the runs spent inside their own turns (training steps, their logging,
+    evaluation and saving); ``switching`` is the rest of the loop: parking and unparking state,
+    restoring RNG and accelerate state, coroutine switches, scheduling and bookkeeping.
+    """
+
+    wall: float = 0.0
+    compute: float = 0.0
+    turns: int = 0
+
+    @property
+    def switching(self) -> float:
+        return max(self.wall - self.compute, 0.0)
+
+
+class WeightsAt(enum.Enum):
+    """Where a run's current weights (and optimizer moments) are.
+
+    Whether this process's tensors of the run are on the device or parked in the state cache
+    is a separate fact, ``RunSlot.residency.resident``: a run whose current weights are on
+    disk may still hold older tensors here, resident or parked like any run's, until its next
+    switch-in gives its parameters room for the values from disk.
+    """
+
+    # In this process's tensors (resident, or parked in the state cache).
+    LIVE = "live"
+    # In the boundary checkpoint ``resume_from`` (the run was trained elsewhere): its next
+    # switch-in gives its parameters room, and its train() loads them.
+    CHECKPOINT = "checkpoint"
+    # In ``final_dir`` (the run was finished elsewhere): loaded when the run is activated.
+    FINAL = "final"
+
+
+@dataclass
+class RunSlot:
+    """The engine's live record of one run (the trainer and everything it must not lose)."""
+
+    name: str
+    index: int
+    knobs: dict[str, Any]
+    trainer: Any
+    group: ModelGroup
+    adapter: str | None
+    residency: Residency
+    plan: ChunkPlan
+    run_dir: Path
+    chunk_eval: bool = False
+    chunk_save: bool = False
+    step_multiple: int = 1
+    state: RunState = field(default=None)  # type: ignore[assignment]
+    rng: RngState | None = None
+    accelerate: list[dict[str, Any]] | None = None
+    coroutine: RunCoroutine | None = None
+    finished: bool = False
+    error: str | None = None
+    last_op: str | None = None  # result of the last op applied to this run (this session)
+    gang: int = 0  # > 0: trained by this many workers together (an FSDP run); 0: by one
+    error_traceback: str | None = None
+    train_output: Any = None
+    compute_seconds: float = 0.0
+    # When the run's current turn (re)started computing (perf_counter).
+    resumed_at: float = 0.0
+    # The boundaries at which the run's turn already ended (a turn ends once per boundary).
+    yielded_at: set[int] = field(default_factory=set)
+    # The random streams as they were before a chunk-end evaluation (put back after it).
+    eval_rng: RngState | None = None
+    # The metric points of the chunk in progress: (key, value, step, time in ms).
+    points: list[tuple[str, float, int, int]] = field(default_factory=list)
+    # Objects the run shares with others that keep state (e.g. a stateful reward function):
+    # each has state_dict()/load_state_dict(); the run's own state is put back at every turn.
+    stateful: list[Any] = field(default_factory=list)
+    stateful_states: list[Any] = field(default_factory=list)
+    warm_optimizer_state: list[dict[str, Any] | None] | None = None
+    # A warm clone's starting values and moments, written for other workers to build it from.
+    warm_state_tree: dict[str, Any] | None = None
+    # A gang clone's start: a copy of its parent's boundary checkpoint (weights and moments,
+    # sharded or gathered as the parent's FSDP settings saved them), loaded in its first turn.
+    warm_checkpoint: Path | None = None
+    # Where the run's boundary checkpoints go (``<output_dir>/.rapidfire/checkpoints/<run>``).
+    checkpoints: Path | None = None
+    # Chunks this worker's live train() has done: behind the shared state's count, the run
+    # was trained elsewhere (another worker, an earlier process) and continues from disk.
+    local_chunks: int = 0
+    # The checkpoint the next train() call resumes from.
+    resume_from: Path | None = None
+    # Where the run's current weights are (see WeightsAt).
+    weights: WeightsAt = WeightsAt.LIVE
+    # The run's trainer state as last written to disk by whoever trained it (for results).
+    disk_state: Any = None
+    # The random streams at an epoch end that is a chunk boundary: (step, streams).
+    epoch_end_rng: tuple[int, RngState] | None = None
+    # The checkpoint write of the boundary that ended the run's current turn.
+    write: Any = None
+    # Set when the run's turn met a disk fault (see faults.py): the experiment stops.
+    fault: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.state is None:
+            self.state = RunState(name=self.name, knobs=dict(self.knobs))
+
+    @property
+    def final_dir(self) -> Path:
+        return self.run_dir / "final"
+
+    def result(self) -> RunResult:
+        if self.trainer is None:  # failed before its trainer existed
+            return RunResult(self.name, dict(self.knobs), self.state.status, 0,
+                             str(self.run_dir), {}, self.error or self.state.error)
+        state = self.trainer.state
+        if self.disk_state is not None and self.disk_state.global_step > state.global_step:
+            state = self.disk_state
+        metrics = latest_metrics(state.log_history)
+        if self.train_output is not None:
+            metrics.update(
+                {k: v for k, v in (self.train_output.metrics or {}).items()
+                 if isinstance(v, (int, float))}
+            )
+        return RunResult(
+            name=self.name,
+            knobs=dict(self.knobs),
+            status=self.state.status,
+            global_step=int(state.global_step),
+            output_dir=str(self.run_dir),
+            metrics=metrics,
+            error=self.error or self.state.error,
+            last_op=self.last_op,
+        )

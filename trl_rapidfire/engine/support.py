@@ -1,0 +1,191 @@
+"""Small pieces the engine's modules share: disk faults, the experiment's wall clock, lease
+renewal, Ctrl-C, what goes into the shared state and MLflow, and the engine's attributes that
+its collaborators keep."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..control import OpError, parse_op
+from ..faults import ExperimentFault, disk_fault, fault_message
+from ..knobs import describe_value
+from ..store import FileStore, renew
+from ..workers import launcher_gone
+
+__all__ = [
+    "FaultNote",
+    "Kept",
+    "LeaseKeeper",
+    "WallClock",
+    "canonical_op",
+    "disk_faults",
+    "install_sigint",
+    "json_knobs",
+    "load_trainer_state",
+    "orphaned",
+    "points_of",
+]
+
+
+@contextlib.contextmanager
+def disk_faults(what: str, path: Path) -> Iterator[None]:
+    """Our own writes: a disk fault becomes an :class:`ExperimentFault` naming ``path``."""
+    try:
+        yield
+    except ExperimentFault:
+        raise
+    except Exception as exc:
+        detail = disk_fault(exc, ours=True)
+        if detail is None:
+            raise
+        raise ExperimentFault(fault_message(what, path, detail)) from exc
+
+
+class FaultNote:
+    """The disk fault that stopped the experiment (faults.py): this engine trains no more; a
+    re-run of the script continues from the last recorded boundaries. The first fault noted
+    is the one reported."""
+
+    def __init__(self) -> None:
+        self.message: str | None = None
+
+    def note(self, message: str | None) -> None:
+        self.message = self.message or message
+
+    @contextlib.contextmanager
+    def kept(self) -> Iterator[None]:
+        """An :class:`ExperimentFault` raised in the body is noted, not raised."""
+        try:
+            yield
+        except ExperimentFault as exc:
+            self.note(str(exc))
+
+
+class WallClock:
+    """Training wall time of the experiment: earlier sessions' (from the shared state) plus
+    this ``run()`` call's so far."""
+
+    def __init__(self) -> None:
+        self.before = 0.0  # training wall time of earlier sessions
+        self.started: float | None = None  # when this run() call started (perf_counter)
+
+    def seconds(self) -> float:
+        running = time.perf_counter() - self.started if self.started is not None else 0.0
+        return self.before + running
+
+
+class Kept:
+    """An attribute of the engine that one of its collaborators keeps: ``rebuild =
+    Kept("_turns")`` reads and sets ``engine._turns.rebuild``."""
+
+    def __init__(self, keeper: str) -> None:
+        self.keeper = keeper
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if self.name:
+            raise TypeError(f"one Kept per attribute: {name} and {self.name} share one")
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(getattr(obj, self.keeper), self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(getattr(obj, self.keeper), self.name, value)
+
+
+def canonical_op(text: str) -> str:
+    """The op as the shared state records it (``str(parse_op(text))``), or ``text``."""
+    try:
+        return str(parse_op(text))
+    except OpError:
+        return text
+
+
+def json_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
+    # The shared state is JSON: a LoRA config or a function is kept as its description.
+    return {k: v if isinstance(v, (str, int, float, bool, type(None))) else describe_value(v)
+            for k, v in knobs.items()}
+
+
+def load_trainer_state(path: Path) -> Any:
+    from transformers import TrainerState
+
+    return TrainerState.load_from_json(str(path))
+
+
+def points_of(log_history: list[dict[str, Any]]) -> list[tuple[str, float, int, int]]:
+    now = int(time.time() * 1000)
+    return [
+        (key, float(value), int(entry.get("step", 0)), now)
+        for entry in log_history for key, value in entry.items()
+        if key not in ("step",) and isinstance(value, (int, float)) and not isinstance(value, bool)
+    ]
+
+
+class LeaseKeeper:
+    """Renews this worker's claim while a chunk trains (a thread: the chunk holds the main
+    one). On this machine a dead worker is noticed by its pid; the lease is what tells workers
+    on other machines."""
+
+    def __init__(self, store: FileStore, worker: str, run: str, lease_seconds: float) -> None:
+        self._store, self._worker, self._run = store, worker, run
+        self._lease_seconds = lease_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rapidfire-lease", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._lease_seconds / 4):
+            try:
+                with self._store.transaction(durable=False) as st:
+                    renew(st, self._run, self._worker, now=time.time(),
+                          lease_seconds=self._lease_seconds)
+            except Exception:  # noqa: BLE001 - the next renewal retries
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def orphaned(rank: int) -> bool:
+    """Whether this worker's launcher died (killed alone); if so, says so once."""
+    launcher = launcher_gone()
+    if launcher is None:
+        return False
+    print(  # noqa: T201 - said once, as the worker leaves
+        f"trl-rapidfire: worker {rank}: its launcher (pid {launcher}) is gone; "
+        "stopping at this chunk boundary (finished chunks are kept; run the launch again "
+        "to continue)", file=sys.stderr, flush=True)
+    return True
+
+
+class Interruptible(Protocol):
+    interrupted: bool
+
+
+def install_sigint(engine: Interruptible) -> Any:
+    """First Ctrl-C: finish the chunk in progress, then stop. Second: stop now."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        if engine.interrupted:
+            raise KeyboardInterrupt
+        engine.interrupted = True
+        print(  # noqa: T201 - the person pressing Ctrl-C needs to know what happens
+            "\ntrl-rapidfire: stopping at the next chunk boundary (Ctrl-C again to stop now; "
+            "finished chunks are kept either way, re-run the script to continue)",
+            flush=True,
+        )
+
+    return signal.signal(signal.SIGINT, handler)

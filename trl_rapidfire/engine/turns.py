@@ -1,0 +1,312 @@
+"""The mechanics of a run's turn, in this process: switching it in and out (its tensors, its
+adapter, its RNG streams and accelerate state), parking it, continuing it from its checkpoint,
+its boundary checkpoints and its final weights.
+
+:class:`Turns` is also what every run's :class:`~.callback.ChunkCallback` talks to (it is the
+callback's :class:`~.callback.TurnHost`)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import json
+import shutil
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..accelerate_state import restore_accelerate_state, snapshot_accelerate_state
+from ..cache import StateCache
+from ..durable import checkpoint_at, prune_checkpoints, write_atomically, write_atomically_together
+from ..faults import ExperimentFault, disk_fault, fault_message
+from ..models import ModelPool
+from ..switch import Aborted, RngState
+from ..trust import inside
+from .building import plan_for
+from .callback import ChunkCallback
+from .records import RunSlot, WeightsAt
+from .support import disk_faults
+
+__all__ = ["Turns"]
+
+
+class Turns:
+    """Switches runs in and out of this process's device and writes what their turns leave.
+
+    Args:
+        output_dir: the experiment folder (every path written is checked to be inside it).
+        cache: where parked run state lives.
+        pool: the shared base models (moved on and off a CUDA device as runs take turns).
+        slots: the engine's runs (shared, not copied).
+        rank: this worker's rank (the first member of a gang prunes its checkpoints).
+        replanned: told when a run's plan changes.
+    """
+
+    def __init__(
+        self, *, output_dir: Path, cache: StateCache, pool: ModelPool | None,
+        slots: dict[str, RunSlot], rank: int, replanned: Callable[[], None],
+    ) -> None:
+        self.output_dir = output_dir
+        self.cache = cache
+        self.pool = pool
+        self.slots = slots
+        self.rank = rank
+        # Write each run's checkpoint at every chunk boundary (what crash recovery and moving
+        # runs between workers rest on).
+        self.durable = True
+        # Set by the trainer layer: a fresh trainer for a run that continues from its
+        # checkpoint.
+        self.rebuild: Callable[[RunSlot], Any] | None = None
+        # The run whose tensors were switched in last.
+        self.resident: RunSlot | None = None
+        self._replanned = replanned
+        # One thread writes boundary checkpoints while the next run trains.
+        self._writer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="rapidfire-checkpoint"
+        )
+
+    # ------------------------------------------------------------------ the callback's host
+
+    plan_for = staticmethod(plan_for)
+
+    def replanned(self) -> None:
+        self._replanned()
+
+    def attach(self, slot: RunSlot, trainer: Any) -> None:
+        # The trainer's starting point: RNG streams and accelerate state as they are right
+        # after it was built, what a script that built it alone would then train from.
+        slot.trainer = trainer
+        trainer.add_callback(ChunkCallback(self, slot))
+        slot.stateful = list(getattr(trainer, "_rf_stateful", lambda: [])())
+        slot.stateful_states = [copy.deepcopy(obj.state_dict()) for obj in slot.stateful]
+        slot.rng = RngState.capture()
+        slot.accelerate = snapshot_accelerate_state()
+
+    def end_turn(self, slot: RunSlot) -> None:
+        """Called inside the run's coroutine at a chunk boundary: suspend until resumed."""
+        slot.compute_seconds += time.perf_counter() - slot.resumed_at
+        slot.coroutine.suspend()
+        slot.resumed_at = time.perf_counter()
+
+    def save_boundary(self, slot: RunSlot) -> None:
+        """Inside the run's turn, at a chunk boundary: write its checkpoint (atomically).
+        The chunk counts as done only after this."""
+        if not self.durable or slot.checkpoints is None:
+            return
+        step = int(slot.trainer.state.global_step)
+        rng = None
+        if slot.epoch_end_rng is not None and slot.epoch_end_rng[0] == step:
+            rng = slot.epoch_end_rng[1]
+        slot.epoch_end_rng = None
+        target = slot.checkpoints / f"checkpoint-{step}"
+        if slot.gang:
+            # Written now, by every member together (collectives); only the first prunes.
+            with disk_faults("the checkpoint", target):
+                slot.trainer._rf_save_gang_boundary(target, rng)
+            if self.rank == 0:
+                prune_checkpoints(slot.checkpoints, keep=(
+                    target, slot.checkpoints / f"checkpoint-{slot.state.global_step}"))
+            slot.write = None
+            return
+        with disk_faults("the checkpoint", target):
+            finish = slot.trainer._rf_save_boundary(target, rng)
+        # The checkpoint of the last boundary the shared state has recorded stays until this
+        # one is recorded too (a crash in between resumes from it); older ones go.
+        keep = (target, slot.checkpoints / f"checkpoint-{slot.state.global_step}")
+        folder = slot.checkpoints
+
+        def write() -> None:
+            with disk_faults("the checkpoint", target):
+                finish()
+                prune_checkpoints(folder, keep=keep)
+
+        # Written while the next run trains; the chunk is recorded as done only after.
+        slot.write = self._writer.submit(write)
+
+    def load_warm_optimizer_state(self, slot: RunSlot) -> None:
+        """Inside the clone's ``train()``, once its optimizer exists: give it the parent's
+        moments (shapes were checked when the clone was made)."""
+        slot.residency.load_optimizer_state(slot.trainer.optimizer, slot.warm_optimizer_state)
+        slot.warm_optimizer_state = None
+
+    # ------------------------------------------------------------------ inside the coroutine
+
+    def run_main(self, slot: RunSlot) -> None:
+        """The body of the run's coroutine: its whole ``train()``, then its final weights."""
+        slot.resumed_at = time.perf_counter()
+        try:
+            kwargs = {}
+            if slot.resume_from is not None:
+                kwargs["resume_from_checkpoint"] = str(slot.resume_from)
+            slot.train_output = slot.trainer.train(**kwargs)
+            self._write_final(slot)
+        except Aborted:
+            pass
+        except Exception as exc:  # a run's failure must not stop the others
+            detail = disk_fault(exc)
+            if detail is not None:  # not the run's doing: the experiment stops instead
+                slot.fault = str(exc) if isinstance(exc, ExperimentFault) else fault_message(
+                    "the run's files", slot.run_dir, detail)
+                return
+            slot.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            slot.error_traceback = traceback.format_exc()
+        finally:
+            # KeyboardInterrupt and SystemExit pass through to the scheduler, which stops.
+            slot.finished = True
+            slot.compute_seconds += time.perf_counter() - slot.resumed_at
+
+    def _write_final(self, slot: RunSlot) -> None:
+        trainer = slot.trainer
+        inside(self.output_dir, slot.final_dir)
+
+        def write(folder: Path) -> None:
+            trainer.save_model(str(folder))
+            # What a worker that did not train the run needs to report it.
+            trainer.state.save_to_json(str(folder / "trainer_state.json"))
+            out = slot.train_output
+            (folder / "train_output.json").write_text(json.dumps({
+                "global_step": out.global_step, "training_loss": out.training_loss,
+                "metrics": out.metrics,
+            }, default=float), encoding="utf-8")
+
+        with disk_faults("the final weights", slot.final_dir):
+            if slot.gang:
+                write_atomically_together(slot.final_dir, write)
+            else:
+                write_atomically(slot.final_dir, write)
+
+    # ------------------------------------------------------------------ switching
+
+    def switch_in(self, slot: RunSlot) -> None:
+        prev = self.resident
+        if prev is not None and prev is not slot and prev.residency.resident:
+            prev.residency.park(self.cache, prev.trainer.optimizer)
+        if slot.gang:
+            # Its own model, sharded by its trainer, never leaves: nothing to bring back (its
+            # train() loads a checkpoint it continues from).
+            if slot.weights is WeightsAt.CHECKPOINT:
+                slot.weights = WeightsAt.LIVE
+            self.resident = slot
+            self._restore_run_state(slot)
+            return
+        if self.pool is not None:
+            self.pool.make_room(slot.group, slot.trainer.args.device)
+        if slot.weights is not WeightsAt.LIVE:
+            # Its values come from disk (its checkpoint, or its final weights): only room
+            # for them is needed.
+            slot.residency.materialize(self.cache)
+            if slot.weights is WeightsAt.CHECKPOINT:
+                slot.weights = WeightsAt.LIVE  # loaded by the train() it continues in
+        elif not slot.residency.resident:
+            if slot.residency.key in self.cache:
+                slot.residency.unpark(self.cache, slot.trainer.optimizer)
+            elif slot.group.initial_weights is not None:
+                slot.residency.load_initial(slot.group.initial_weights)
+            else:
+                raise RuntimeError(f"{slot.name}: no state to restore.")
+        self.resident = slot
+        if slot.adapter is not None and slot.group.model.active_adapter != slot.adapter:
+            slot.group.activate(slot.adapter)
+        self._detach_idle(slot.group)
+        self._restore_run_state(slot)
+
+    def _restore_run_state(self, slot: RunSlot) -> None:
+        restore_accelerate_state(slot.accelerate)
+        for obj, state in zip(slot.stateful, slot.stateful_states):
+            obj.load_state_dict(copy.deepcopy(state))
+        slot.rng.restore()
+
+    def _detach_idle(self, group: Any) -> None:
+        """Runs out of the rotation (stopped, finished, failed, deleted) leave the shared
+        model's module tree; their parameter objects stay with them (see
+        ``ModelGroup.detach``). ``activate`` brings one back when it is needed."""
+        for other in self.slots.values():
+            if (other.group is group and other.adapter is not None
+                    and not other.residency.resident and not other.state.status.schedulable):
+                group.detach(other.adapter)
+
+    def switch_out(self, slot: RunSlot) -> None:
+        slot.rng = RngState.capture()
+        slot.accelerate = snapshot_accelerate_state()
+        slot.stateful_states = [copy.deepcopy(obj.state_dict()) for obj in slot.stateful]
+
+    def load_final(self, slot: RunSlot) -> None:
+        """After ``slot`` (finished elsewhere) was switched in: its final weights and trainer
+        state from disk become its live ones."""
+        slot.trainer._load_from_checkpoint(str(slot.final_dir))
+        slot.trainer.state = slot.disk_state
+        slot.weights = WeightsAt.LIVE
+        slot.local_chunks = slot.state.chunks_done
+
+    # ------------------------------------------------------------------ parking and dropping
+
+    def park(self, slot: RunSlot) -> None:
+        """Park ``slot``'s tensors now (a stopped run) instead of at the next switch."""
+        slot.residency.park(self.cache, slot.trainer.optimizer)
+        if self.resident is slot:
+            self.resident = None
+
+    def drop(self, slot: RunSlot) -> None:
+        """Forget a failed run's tensors."""
+        slot.residency.drop(self.cache)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # after an out-of-memory error, give the rest back
+        if self.resident is slot:
+            self.resident = None
+
+    def forget(self, slot: RunSlot) -> None:
+        """Unwind a deleted (or policy-failed) run's ``train()`` and forget its tensors."""
+        if slot.coroutine is not None and not slot.coroutine.finished:
+            slot.coroutine.abort()
+        slot.residency.drop(self.cache)
+        if self.resident is slot:
+            self.resident = None
+
+    def abort_suspended(self) -> None:
+        # Runs left suspended (the loop was interrupted) unwind their train() calls now.
+        for slot in self.slots.values():
+            if slot.coroutine is not None and not slot.coroutine.finished:
+                slot.coroutine.abort()
+
+    def remove_checkpoints(self, slot: RunSlot) -> None:
+        """A completed run's boundary checkpoints go (its final weights are written)."""
+        inside(self.output_dir, slot.checkpoints)
+        shutil.rmtree(slot.checkpoints, ignore_errors=True)
+
+    # ------------------------------------------------------------------ continuing from disk
+
+    def continue_from_disk(self, slot: RunSlot) -> None:
+        """The shared state is ahead of this worker's live train() of ``slot``: continue from
+        the run's checkpoint at its last boundary, with a fresh trainer if this one ran."""
+        done = slot.state.chunks_done
+        if done == 0:
+            # Only a claim lost in the first chunk (lease expired) leads here: the starting
+            # weights this worker had are gone, and no checkpoint exists yet.
+            raise RuntimeError(f"{slot.name} must restart from its first chunk, and its "
+                               "starting weights are no longer in this worker")
+        step = slot.plan.chunks[done - 1].end_step
+        ckpt = checkpoint_at(slot.checkpoints, step) if slot.checkpoints else None
+        if ckpt is None:
+            raise RuntimeError(
+                f"{slot.name} has {done} chunk(s) done but no checkpoint at step {step} in "
+                f"{slot.checkpoints}; it cannot continue exactly."
+            )
+        if slot.coroutine is not None:
+            if not slot.coroutine.finished:
+                slot.coroutine.abort()
+            slot.coroutine = None
+            if self.rebuild is None:
+                raise RuntimeError(f"{slot.name}: this experiment cannot rebuild a trainer")
+            self.attach(slot, self.rebuild(slot))
+        slot.resume_from = ckpt
+        slot.weights = WeightsAt.CHECKPOINT
+        slot.warm_optimizer_state = None  # a warm clone's start: its checkpoint supersedes it
+        slot.warm_checkpoint = None
+        slot.yielded_at = {step}
+        slot.finished = False
+        slot.local_chunks = done
+
