@@ -16,6 +16,7 @@ so accelerate applies FSDP2's ``fully_shard`` as on GPUs: gang runs train on ``D
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -54,7 +55,17 @@ def references(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("gang-references")
     for folder, lr, fsdp in RUNS.values():
         prefix = ACCELERATE if fsdp == "1" else [sys.executable]
-        _run([*prefix, str(SCRIPT), "plain", str(tmp / folder), lr, fsdp], _env(tmp), tmp)
+        cmd = [*prefix, str(SCRIPT), "plain", str(tmp / folder), lr, fsdp]
+        for attempt in range(3):
+            proc = subprocess.run(cmd, env=_env(tmp), cwd=tmp, capture_output=True, text=True,
+                                  timeout=600, start_new_session=True)
+            # Plain TRL under the launch: gloo's threads now and then abort a worker as the
+            # process ends ("terminate called without an active exception", SIGABRT; seen in
+            # CI about once in 20 launches, never in our code's runs). Only that is retried.
+            if proc.returncode == 0 or "terminate called without an active exception" not in (
+                    proc.stderr) or attempt == 2:
+                break
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return tmp
 
 
