@@ -11,6 +11,8 @@ script when it begins that step (the stop applies at its next chunk boundary), a
 in a second ``train()``. ``RF_TEST_CLONE=<run>:<step>`` asks for warm clones of that run then
 and prints digests of every gang run's state at every step. ``RF_TEST_STATE_DICT`` sets
 ``fsdp_config["state_dict_type"]`` (how checkpoints hold weights and moments).
+``RF_TEST_THEN_SINGLE=1`` runs a second experiment afterwards in the same launch, in
+``OUTPUT_DIR-next``: the two learning rates without fsdp.
 
 Both modes first call ``trl_rapidfire.testing.fsdp_on_cpu()``: accelerate shards FSDP runs on
 CPU as it does on GPUs (FSDP2, gloo), so the gang runs and their references train sharded.
@@ -145,6 +147,16 @@ def rf(output_dir: str) -> None:
         trainer.resume(stop_run)
     trainer.train()
     _say(str({r.name: (r.knobs, r.status.value, r.global_step) for r in trainer.runs}))
+    if os.environ.get("RF_TEST_THEN_SINGLE"):
+        # The next experiment of the same launch, single-device runs only: none of the gang's
+        # world (its process group, its FSDP plugin) may reach them.
+        config = RFSFTConfig(output_dir=f"{output_dir}-next", learning_rate=List(LEARNING_RATES),
+                             num_chunks=2, **_common())
+        after = RFSFTTrainer(model=tiny_model_path(), args=config,
+                             train_dataset=make_sft_dataset(48, seed=1),
+                             peft_config=tiny_lora_config(r=4), callbacks=[ReportSharding()])
+        after.train()
+        _say("next: " + str({r.name: (r.status.value, r.global_step) for r in after.runs}))
 
 
 def plain(output_dir: str, lr: float, fsdp: bool) -> None:

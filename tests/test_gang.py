@@ -81,7 +81,8 @@ def _assert_equal_to_references(out: Path, references: Path) -> None:
 @pytest.mark.slow
 def test_gang_and_single_runs_interleave_and_equal_plain_trl(references, tmp_path):
     out = tmp_path / "exp"
-    proc = _run([*ACCELERATE, str(SCRIPT), "rf", str(out)], _env(tmp_path), tmp_path)
+    proc = _run([*ACCELERATE, str(SCRIPT), "rf", str(out)],
+                _env(tmp_path, RF_TEST_THEN_SINGLE="1"), tmp_path)
     assert "'completed', 6)" in proc.stdout and "'completed', 12)" in proc.stdout
     # Gang runs train on FSDP shards, single runs on whole tensors.
     for run in ("run-0", "run-2"):
@@ -95,6 +96,14 @@ def test_gang_and_single_runs_interleave_and_equal_plain_trl(references, tmp_pat
     # The gang runs did not wait for the single runs to finish: they interleave.
     first_single_end = max(i for i, r in enumerate(chunks) if r in ("run-1", "run-3"))
     assert min(i for i, r in enumerate(chunks) if r in ("run-0", "run-2")) < first_single_end
+    # The launch's next experiment, single-device runs only, trains as plain TRL alone does:
+    # whole tensors, no trace of the gang's world.
+    assert "next: {'run-0': ('completed', 12), 'run-1': ('completed', 12)}" in proc.stdout
+    for run, folder in (("run-0", "single-1e-3"), ("run-1", "single-3e-3")):
+        assert f"weights of {run}: ['Parameter']" in proc.stdout
+        got = load_file(Path(f"{out}-next") / "runs" / run / "final" / "adapter_model.safetensors")
+        want = load_file(references / folder / "final" / "adapter_model.safetensors")
+        assert all(torch.equal(got[k], want[k]) for k in want), f"next experiment {run} differs"
 
 
 @pytest.mark.slow

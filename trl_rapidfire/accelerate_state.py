@@ -1,8 +1,11 @@
-"""The wall around process-global state: accelerate's singletons, for every trainer in the
-process and for every experiment after another in it.
+"""The wall around process-global state: accelerate's singletons and the launch's world, for
+every trainer in the process and for every experiment after another in it.
 
-Nothing else in the package saves, clears or rebuilds accelerate's state (the launch's
-environment variables are :mod:`trl_rapidfire.workers`'; it calls in here for accelerate).
+Nothing else in the package saves, clears or rebuilds accelerate's state, or touches the
+launcher's environment variables (:mod:`trl_rapidfire.workers` says who this worker is, and
+calls in here to leave and re-enter the launch). Every run's trainer (at setup, rebuilt on
+another worker, a clone, a gang run, the user's next experiment) is built inside
+:func:`building_in`.
 
 accelerate keeps its state in three process-wide singletons (``PartialState``,
 ``AcceleratorState``, ``GradientState``). Two things overwrite them behind a live trainer's back:
@@ -28,15 +31,24 @@ experiment (or a plain TRL trainer) in the process finds the state as the script
 from __future__ import annotations
 
 import contextlib
+import enum
+import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
 from accelerate.state import AcceleratorState, GradientState, PartialState
 
 __all__ = [
+    "World",
+    "building_in",
     "enter_world_of_one",
     "fresh_accelerator_state",
+    "fsdp_on_cpu_installed",
+    "install_fsdp_on_cpu",
     "launch_partial_state",
+    "launch_world",
+    "leave_launch_world",
     "left_as_found",
     "preserved_accelerate_state",
     "reset_for_launch_world",
@@ -151,3 +163,139 @@ def without_barriers() -> Iterator[None]:
         yield
     finally:
         PartialState.wait_for_everyone = original  # type: ignore[method-assign]
+
+
+# ----------------------------------------------------------------------------- the launch's world
+
+_LAUNCH_RECORD = "TRL_RAPIDFIRE_LAUNCH_ENV"  # the launcher's variables, as JSON
+# What torchrun / accelerate launch set for a distributed process; transformers and accelerate
+# decide on DDP from them.
+_LAUNCH_VARS = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+)  # fmt: skip
+
+
+def leave_launch_world(local_rank: int) -> None:
+    """Keep the launcher's variables aside (for :func:`launch_world`) and remove them, pin the
+    process to its own GPU, and make accelerate's state a world of one: every trainer built
+    afterwards trains on this worker alone."""
+    launch_env = {n: os.environ[n] for n in _LAUNCH_VARS if n in os.environ}
+    os.environ[_LAUNCH_RECORD] = json.dumps({"pid": os.getpid(), "env": launch_env})
+    for name in _LAUNCH_VARS:
+        os.environ.pop(name, None)
+    _pin_device(local_rank)
+    # A script that built an Accelerator before its RF config already holds a distributed
+    # PartialState; trainers built from it would still use DDP.
+    enter_world_of_one()
+
+
+@contextlib.contextmanager
+def launch_world() -> Iterator[None]:
+    """Re-enter the launcher's world for the body: its variables are back in the environment
+    and accelerate's state is cleared, so a ``TrainingArguments``/``Accelerator`` built here
+    sees all the launch's workers. Afterwards the environment is as it was; accelerate's
+    state is the caller's to restore (see :func:`left_as_found`)."""
+    record = json.loads(os.environ.get(_LAUNCH_RECORD, "{}"))
+    if record.get("pid") != os.getpid():
+        raise RuntimeError("not launched: there is no launch world to enter")
+    # Exactly what the launcher gave this process (torchrun's workers, e.g., must connect to
+    # its agent's rendezvous store rather than open one: TORCHELASTIC_USE_AGENT_STORE).
+    saved = {name: os.environ.get(name) for name in _LAUNCH_VARS}
+    os.environ.update(dict(record["env"]))
+    reset_for_launch_world()
+    try:
+        yield
+    finally:
+        # accelerate writes some of these itself (on CPU): put every one back as it was.
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _pin_device(local_rank: int) -> None:
+    # Each worker owns one GPU. Before CUDA is initialised, narrowing CUDA_VISIBLE_DEVICES makes
+    # "cuda" mean that GPU for everything in the process; afterwards only set_device can.
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    if not torch.cuda.is_initialized():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        devices = (visible.split(",") if visible
+                   else [str(i) for i in range(torch.cuda.device_count())])
+        if local_rank < len(devices):
+            os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank]
+            return
+    torch.cuda.set_device(local_rank % max(torch.cuda.device_count(), 1))
+
+
+class World(enum.Enum):
+    """Where a run's trainer is built: this worker alone, or the whole launch (a gang run)."""
+
+    ONE = "one"
+    LAUNCH = "launch"
+
+
+@contextlib.contextmanager
+def building_in(world: World, config: Any = None) -> Iterator[None]:
+    """Build a run's ``TrainingArguments`` or trainer in the body, in ``world``.
+
+    ``World.ONE``: a world of one (a gang run's turn may have left the launch's), with
+    ``AcceleratorState`` cleared as a TRL config leaves it right before a plain script builds
+    its trainer, so the trainer's ``Accelerator`` takes this run's settings (its mixed
+    precision) whatever was built before.
+
+    ``World.LAUNCH``: the launch's world (every worker must get here, in the same order: the
+    first time, it joins the launch's process group). With ``config`` (a gang run's trainer
+    is built), accelerate's process state is set up from it, and TRL's launch-wide barriers
+    are off (see :func:`without_barriers`). The environment is put back afterwards;
+    accelerate's state is left as the build made it, for the caller to snapshot.
+    """
+    if world is World.ONE:
+        enter_world_of_one()
+        fresh_accelerator_state()
+        yield
+        return
+    with launch_world():
+        if config is None:
+            yield
+            return
+        launch_partial_state(config)
+        with without_barriers():
+            yield
+
+
+# ----------------------------------------------------------------------------- FSDP on CPU (tests)
+
+def install_fsdp_on_cpu() -> None:
+    """Put an ``AcceleratorState`` that holds an FSDP plugin in a multi-process CPU world in
+    FSDP mode, as accelerate does on GPUs (see :func:`trl_rapidfire.testing.fsdp_on_cpu`).
+    Once per process; checked after every ``AcceleratorState()`` construction, because each
+    copies the process state's (CPU) mode over its own."""
+    from accelerate.utils import DistributedType
+
+    if fsdp_on_cpu_installed():
+        return
+    original = AcceleratorState.__init__
+
+    def init(self: Any, *args: Any, fsdp_plugin: Any = None, **kwargs: Any) -> None:
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if self.distributed_type != DistributedType.MULTI_CPU:
+            return
+        if fsdp_plugin is not None and getattr(self, "fsdp_plugin", None) is None:
+            self.fsdp_plugin = fsdp_plugin  # what accelerate does for GPUs
+        if getattr(self, "fsdp_plugin", None) is not None:
+            self.distributed_type = DistributedType.FSDP
+
+    init.rf_fsdp_on_cpu = True  # type: ignore[attr-defined]
+    AcceleratorState.__init__ = init  # type: ignore[method-assign]
+
+
+def fsdp_on_cpu_installed() -> bool:
+    """Whether :func:`install_fsdp_on_cpu` ran in this process."""
+    return bool(getattr(AcceleratorState.__init__, "rf_fsdp_on_cpu", False))

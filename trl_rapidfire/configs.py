@@ -149,7 +149,8 @@ class RFConfigMixin:
         },
     )
 
-    _trl_parent: ClassVar[type]
+    # The TRL class each run's concrete config is an instance of.
+    trl_config_class: ClassVar[type]
     _removed_options: ClassVar[dict[str, Removed]] = {}
     _rf_only_fields: ClassVar[frozenset[str]] = frozenset(
         {"num_chunks", "warmup_ratio", "cache_budget_bytes", "clone_overrides"}
@@ -193,11 +194,12 @@ class RFConfigMixin:
             # Types before TRL (a wrong type fails there as a bare comparison), ranges after it,
             # so that where TRL checks a range its own words are the ones seen.
             with _as_config_error():
-                check_field_values(self._trl_parent, parent_kwargs, ranges=False)
+                check_field_values(self.trl_config_class, parent_kwargs, ranges=False)
             with preserved_accelerate_state():
-                self._trl_parent.__post_init__(self)
+                self.trl_config_class.__post_init__(self)
             with _as_config_error():
-                check_field_values(self._trl_parent, {n: getattr(self, n) for n in parent_kwargs})
+                check_field_values(self.trl_config_class,
+                                   {n: getattr(self, n) for n in parent_kwargs})
         except (ValueError, TypeError) as err:
             if not knobs:
                 raise
@@ -306,11 +308,6 @@ class RFConfigMixin:
         """The config fields that hold a knob, in field order."""
         return dict(self._rf_knobs)
 
-    @property
-    def trl_config_class(self) -> type:
-        """The TRL class each run's concrete config is an instance of."""
-        return self._trl_parent
-
     def _parent_kwargs(self, choices: Mapping[str, Any]) -> dict[str, Any]:
         """The keyword arguments of the TRL parent for one choice of every knob."""
         kwargs: dict[str, Any] = {}
@@ -353,12 +350,12 @@ class RFConfigMixin:
             raise RFConfigError(f"No value chosen for knob(s) {missing}.")
         kwargs = self._parent_kwargs({**choices, **overrides})
         with _as_config_error():  # ranges are checked by check_run, after TRL's own checks
-            check_field_values(self._trl_parent, kwargs, ranges=False)
+            check_field_values(self.trl_config_class, kwargs, ranges=False)
         kwargs = {k: _copied(v) for k, v in kwargs.items()}
         if kwargs.get("fsdp"):
-            return gang_config(self._trl_parent, kwargs)
+            return gang_config(self.trl_config_class, kwargs)
         with preserved_accelerate_state():
-            return self._trl_parent(**kwargs)
+            return self.trl_config_class(**kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         """Like ``TrainingArguments.to_dict()``, with knobs written as ``{"List": [...]}`` /
@@ -421,7 +418,7 @@ class RFSFTConfig(RFConfigMixin, SFTConfig):
                     lr_scheduler_type=List(["linear", "cosine"]), num_chunks=4)
     """
 
-    _trl_parent: ClassVar[type] = SFTConfig
+    trl_config_class: ClassVar[type] = SFTConfig
     eval_strategy: str = _strategy_field(SFTConfig, "eval_strategy")
     save_strategy: str = _strategy_field(SFTConfig, "save_strategy")
 
@@ -435,7 +432,7 @@ class RFDPOConfig(RFConfigMixin, DPOConfig):
     with the value TRL now uses anyway; any other value is an error naming the replacement.
     """
 
-    _trl_parent: ClassVar[type] = DPOConfig
+    trl_config_class: ClassVar[type] = DPOConfig
     _removed_options: ClassVar[dict[str, Removed]] = DPO_REMOVED
     eval_strategy: str = _strategy_field(DPOConfig, "eval_strategy")
     save_strategy: str = _strategy_field(DPOConfig, "save_strategy")
@@ -466,7 +463,7 @@ class RFGRPOConfig(RFConfigMixin, GRPOConfig):
     is an error naming what replaced it.
     """
 
-    _trl_parent: ClassVar[type] = GRPOConfig
+    trl_config_class: ClassVar[type] = GRPOConfig
     _removed_options: ClassVar[dict[str, Removed]] = GRPO_REMOVED
     eval_strategy: str = _strategy_field(GRPOConfig, "eval_strategy")
     save_strategy: str = _strategy_field(GRPOConfig, "save_strategy")

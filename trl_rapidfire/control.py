@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .knobs import List, is_knob
+from .layout import Layout, run_order
 from .trust import UntrustedValue, check_tag_override
 
 __all__ = [
@@ -314,7 +315,7 @@ def find_experiment(
     client = MlflowClient(uri)
     flt = f"tags.`{ROLE_TAG}` = 'experiment'"
     if output_dir is not None:
-        marker = Path(output_dir) / ".rapidfire" / "experiment.json"
+        marker = Layout(output_dir).experiment_marker
         if not marker.is_file():
             raise LookupError(f"{output_dir} holds no trl-rapidfire experiment ({marker} is "
                               "missing)")
@@ -356,12 +357,7 @@ def experiment_runs(exp: Experiment) -> list[Any]:
         max_results=5000,
     )
 
-    def order(run: Any) -> tuple[int, str]:
-        name = run.data.tags.get(RUN_TAG, "")
-        tail = name.rsplit("-", 1)[-1]
-        return (int(tail) if tail.isdigit() else 1 << 30, name)
-
-    return sorted(runs, key=order)
+    return sorted(runs, key=lambda run: run_order(run.data.tags.get(RUN_TAG, "")))
 
 
 def send_op(run: str, op: str, **where: Any) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .layout import Layout, run_order
 from .schedule import ChunkRecord, read_schedule_csv
 from .tracking import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG, STATUS_TAG, resolve_tracking_uri
 
@@ -129,12 +130,6 @@ class ExperimentData:
 # ----------------------------------------------------------------------------- reading
 
 
-def run_order(name: str) -> tuple[int, str]:
-    """Sort key of run names: ``run-2`` before ``run-10``, other names after all numbered ones."""
-    tail = name.rsplit("-", 1)[-1]
-    return (int(tail) if tail.isdigit() else 1 << 30, name)
-
-
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -157,7 +152,7 @@ def _read_ops(path: Path) -> list[OpEvent]:
 
 
 def _scheduler_runs(output_dir: Path) -> dict[str, dict[str, Any]]:
-    doc = _read_json(output_dir / ".rapidfire" / "scheduler.json")
+    doc = _read_json(Layout(output_dir).scheduler_state)
     runs = doc.get("runs") if isinstance(doc, dict) else None
     if not isinstance(runs, dict):
         return {}
@@ -181,11 +176,11 @@ def _points(log_history: Any, keys: Iterable[str]) -> dict[str, list[tuple[int, 
 
 
 def _disk_state(output_dir: Path, run: str) -> Path | None:
-    final = output_dir / "runs" / run / "final" / "trainer_state.json"
+    final = Layout(output_dir).runs_root / run / "final" / "trainer_state.json"
     if final.is_file():
         return final
     best: tuple[int, Path] | None = None
-    folder = output_dir / ".rapidfire" / "checkpoints" / run
+    folder = Layout(output_dir).checkpoint_root / run
     if folder.is_dir():
         for child in folder.iterdir():
             match = _CHECKPOINT.fullmatch(child.name)
@@ -215,7 +210,7 @@ def _mlflow_histories(
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         # Opening a missing sqlite store would create it: a report must not write there.
         return {}, {}, f"no MLflow store at {uri}"
-    marker = _read_json(output_dir / ".rapidfire" / "experiment.json")
+    marker = _read_json(Layout(output_dir).experiment_marker)
     rf_id = marker.get("id") if isinstance(marker, dict) else None
     # The id goes into a search filter: only the hex ids the tracker writes are accepted.
     if not isinstance(rf_id, str) or not _HEX_ID.fullmatch(rf_id):

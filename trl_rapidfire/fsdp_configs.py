@@ -8,12 +8,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from .accelerate_state import (
+    World,
+    building_in,
+    fsdp_on_cpu_installed,
+    left_as_found,
     preserved_accelerate_state,
-    restore_accelerate_state,
-    snapshot_accelerate_state,
 )
 from .config_errors import RFConfigError
-from .workers import current_worker, in_launch_world
+from .workers import current_worker
 
 __all__ = ["gang_config", "is_gang_config", "normalize_fsdp_config"]
 
@@ -117,7 +119,7 @@ def gang_config(parent: type, kwargs: dict[str, Any]) -> Any:
     if not _cuda():
         if kwargs.get("ddp_backend") is None:
             kwargs["ddp_backend"] = "gloo"  # the only process group a CPU machine has
-        if not _fsdp_on_cpu():
+        if not fsdp_on_cpu_installed():
             fsdp_config = kwargs.get("fsdp_config") or {}
             offload = " (cpu_offload included)" if isinstance(fsdp_config, dict) and (
                 fsdp_config.get("cpu_offload") or fsdp_config.get("offload_params")) else ""
@@ -125,16 +127,5 @@ def gang_config(parent: type, kwargs: dict[str, Any]) -> Any:
                 "No GPU: accelerate selects FSDP only on GPUs, so on this machine the FSDP runs "
                 "train data-parallel over the launch, as plain TRL would, and fsdp_config has "
                 f"no effect{offload}.", UserWarning, stacklevel=4)
-    saved = snapshot_accelerate_state()
-    try:
-        with in_launch_world():
-            return parent(**kwargs)
-    finally:
-        restore_accelerate_state(saved)
-
-
-def _fsdp_on_cpu() -> bool:
-    """Whether ``trl_rapidfire.testing.fsdp_on_cpu()`` put accelerate in FSDP mode on CPU."""
-    from accelerate.state import AcceleratorState
-
-    return bool(getattr(AcceleratorState.__init__, "_rf_fsdp_on_cpu", False))
+    with left_as_found(), building_in(World.LAUNCH):
+        return parent(**kwargs)

@@ -103,7 +103,7 @@ class List(Knob):
         return (
             isinstance(other, List)
             and len(other) == len(self)
-            and all(same_value(a, b) for a, b in zip(self._values, other._values))
+            and all(same_value(a, b) for a, b in zip(self._values, other.values))
         )
 
     def __hash__(self) -> int:
@@ -195,7 +195,10 @@ class Range(Knob):
     @property
     def dtype_given(self) -> bool:
         """Whether ``dtype`` was written out (``Range(2, 8, dtype=float)``) or left unset."""
-        return getattr(self, "_dtype_given", True)  # a Range pickled before this slot existed
+        try:
+            return self._dtype_given
+        except AttributeError:  # a Range pickled before this slot existed
+            return True
 
     def for_integer_field(self, name: str) -> Range:
         """This Range drawing integers, for the integer field ``name``: a float batch size or

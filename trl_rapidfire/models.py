@@ -62,9 +62,9 @@ def move_module(module: torch.nn.Module, device: torch.device | str) -> None:
             if p.device != device:
                 p.data = p.data.to(device)
         for m in module.modules():
-            for name, b in m._buffers.items():
-                if b is not None and b.device != device:
-                    m._buffers[name] = b.to(device)
+            for name, b in list(m.named_buffers(recurse=False)):
+                if b.device != device:
+                    setattr(m, name, b.to(device))  # a buffer stays registered as one
 
 
 def module_bytes(module: torch.nn.Module, device: torch.device | None = None, *,

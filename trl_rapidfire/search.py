@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .accelerate_state import preserved_accelerate_state
 from .configs import RFConfigError, RFConfigMixin
 from .knobs import Knob, KnobError, List, Range, describe_value, is_knob, same_value
 from .preflight import PreflightError, check_run
@@ -176,7 +177,7 @@ class Search:
             knobs = {name: chosen[name] for name in all_knobs}
             name = f"run-{len(runs)}"
             first_of[key] = name
-            runs.append(self._build_run(name, len(runs), knobs, rf_config, trainer_level))
+            runs.append(self.build_run(name, len(runs), knobs, rf_config, trainer_level))
         return runs
 
     def _axes(self, knobs: Mapping[str, Knob]) -> list[_Axis]:
@@ -211,14 +212,20 @@ class Search:
             axes.append(axis)
         return axes
 
-    def _build_run(
-        self,
+    @staticmethod
+    def build_run(
         name: str,
         index: int,
         knobs: dict[str, Any],
         rf_config: Any,
         trainer_level: Mapping[str, Any],
     ) -> RunSpec:
+        """The run ``name`` with these ``knobs`` chosen (a draw of :meth:`expand`, or a
+        clone's: its parent's knobs and the op's overrides), validated.
+
+        ``trainer_level``: the trainer arguments (chosen ones replace them); every other knob
+        is a config field, set on a concrete copy of ``rf_config``. Raises
+        :class:`SearchError` naming the run, its values and the field at fault."""
         trainer_kwargs = {k: knobs.get(k, v) for k, v in trainer_level.items()}
         config_choices = {k: v for k, v in knobs.items() if k not in trainer_level}
         desc = ", ".join(f"{k}={describe_value(v)}" for k, v in knobs.items())
@@ -226,6 +233,11 @@ class Search:
         try:
             if isinstance(rf_config, RFConfigMixin):
                 config = rf_config.concrete_config(config_choices)
+            elif config_choices:
+                # A clone of a plain TRL config: its __post_init__ runs again, and sets up
+                # accelerate's state, which stays the script's.
+                with preserved_accelerate_state():
+                    config = dataclasses.replace(copy.deepcopy(rf_config), **config_choices)
             else:
                 config = copy.deepcopy(rf_config)
             check_run(config, trainer_kwargs)

@@ -449,21 +449,6 @@ def fsdp_on_cpu() -> None:
     Tests use it on both sides of an equivalence, the reference trained by plain TRL and the
     run trained by trl-rapidfire, so both shard.
     """
-    from accelerate.state import AcceleratorState
-    from accelerate.utils import DistributedType
+    from .accelerate_state import install_fsdp_on_cpu
 
-    if getattr(AcceleratorState.__init__, "_rf_fsdp_on_cpu", False):
-        return
-    original = AcceleratorState.__init__
-
-    def init(self: Any, *args: Any, fsdp_plugin: Any = None, **kwargs: Any) -> None:
-        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
-        if self.distributed_type != DistributedType.MULTI_CPU:
-            return
-        if fsdp_plugin is not None and getattr(self, "fsdp_plugin", None) is None:
-            self.fsdp_plugin = fsdp_plugin  # what accelerate does for GPUs
-        if getattr(self, "fsdp_plugin", None) is not None:
-            self.distributed_type = DistributedType.FSDP
-
-    init._rf_fsdp_on_cpu = True  # type: ignore[attr-defined]
-    AcceleratorState.__init__ = init  # type: ignore[method-assign]
+    install_fsdp_on_cpu()

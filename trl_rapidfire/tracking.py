@@ -35,6 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .layout import Layout
 from .mlflow_store import TrackingStoreError, ensure_schema
 
 __all__ = [
@@ -70,7 +71,7 @@ def resolve_tracking_uri() -> str:
 
 def experiment_id_for(output_dir: str | os.PathLike) -> str:
     """The experiment's id, created once and kept in ``<output_dir>/.rapidfire/``."""
-    path = Path(output_dir) / ".rapidfire" / "experiment.json"
+    path = Layout(output_dir).experiment_marker
     if path.is_file():
         return json.loads(path.read_text(encoding="utf-8"))["id"]
     path.parent.mkdir(parents=True, exist_ok=True)

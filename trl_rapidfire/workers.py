@@ -18,14 +18,13 @@ would see too.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .accelerate_state import enter_world_of_one, reset_for_launch_world
+from .accelerate_state import launch_world, leave_launch_world
 
 __all__ = [
     "WorkerInfo",
@@ -37,16 +36,7 @@ __all__ = [
 ]
 
 _RECORD = "TRL_RAPIDFIRE_WORKER"
-_LAUNCH_RECORD = "TRL_RAPIDFIRE_LAUNCH_ENV"  # the launcher's variables, as JSON
 _PARENT_RECORD = "TRL_RAPIDFIRE_LAUNCHER"  # "<this pid>:<the launcher's pid>"
-# What torchrun / accelerate launch set for a distributed process; transformers and accelerate
-# decide on DDP from them.
-_LAUNCH_VARS = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -110,14 +100,7 @@ def detach_from_launch() -> WorkerInfo:
     info = WorkerInfo(rank, local_rank, world, uuid.uuid4().hex[:8], launch.replace(",", ";"))
     if world > 1:
         os.environ[_PARENT_RECORD] = f"{os.getpid()}:{os.getppid()}"
-        launch_env = {n: os.environ[n] for n in _LAUNCH_VARS if n in os.environ}
-        os.environ[_LAUNCH_RECORD] = json.dumps({"pid": os.getpid(), "env": launch_env})
-        for name in _LAUNCH_VARS:
-            os.environ.pop(name, None)
-        _pin_device(local_rank)
-        # A script that built an Accelerator before its RF config already holds a
-        # distributed PartialState; trainers built from it would still use DDP.
-        enter_world_of_one()
+        leave_launch_world(local_rank)
     os.environ[_RECORD] = (f"{rank},{local_rank},{world},{os.getpid()},{info.token},"
                            f"{info.launch}")
     return info
@@ -125,51 +108,14 @@ def detach_from_launch() -> WorkerInfo:
 
 @contextlib.contextmanager
 def in_launch_world() -> Iterator[WorkerInfo]:
-    """Re-enter the launcher's world for the body: its variables are back in the environment
-    and accelerate's state is cleared, so a ``TrainingArguments``/``Accelerator`` built here
-    sees all the launch's workers (a gang run, e.g. FSDP). The first time, that joins the
-    launch's process group (every worker must get here: building a gang run's config and
-    trainer happens in the same order in every worker, which runs the same script).
-
-    Afterwards the environment is as it was; the caller restores accelerate's state (the
-    engine keeps one snapshot per run).
-    """
+    """Re-enter the launcher's world for the body (see
+    :func:`~trl_rapidfire.accelerate_state.launch_world`); a ``TrainingArguments`` built here
+    sees all the launch's workers (a gang run, e.g. FSDP)."""
     info = current_worker()
-    record = json.loads(os.environ.get(_LAUNCH_RECORD, "{}"))
-    if not info.launched or record.get("pid") != os.getpid():
+    if not info.launched:
         raise RuntimeError("not launched: there is no launch world to enter")
-    # Exactly what the launcher gave this process (torchrun's workers, e.g., must connect to
-    # its agent's rendezvous store rather than open one: TORCHELASTIC_USE_AGENT_STORE).
-    values = dict(record["env"])
-    saved = {name: os.environ.get(name) for name in _LAUNCH_VARS}
-    os.environ.update(values)
-    reset_for_launch_world()
-    try:
+    with launch_world():
         yield info
-    finally:
-        # accelerate writes some of these itself (on CPU): put every one back as it was.
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-def _pin_device(local_rank: int) -> None:
-    # Each worker owns one GPU. Before CUDA is initialised, narrowing CUDA_VISIBLE_DEVICES makes
-    # "cuda" mean that GPU for everything in the process; afterwards only set_device can.
-    import torch
-
-    if not torch.cuda.is_available():
-        return
-    if not torch.cuda.is_initialized():
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        devices = (visible.split(",") if visible
-                   else [str(i) for i in range(torch.cuda.device_count())])
-        if local_rank < len(devices):
-            os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank]
-            return
-    torch.cuda.set_device(local_rank % max(torch.cuda.device_count(), 1))
 
 
 def launcher_gone() -> int | None:

@@ -20,11 +20,15 @@ chunk this worker trained continues in its suspended ``train()`` (the fast path)
 run, one trained by another worker or before a crash, is rebuilt and continues with the
 Trainer's own ``train(resume_from_checkpoint=...)``.
 
-The engine knows nothing of SFT, DPO or GRPO: the trainer layer builds each run's Trainer and
-registers it with :meth:`Engine.add_run`.
+The engine knows nothing of SFT, DPO or GRPO: it drives a run's trainer through the
+:class:`~.run_trainer.RunTrainer` protocol only; the trainer layer builds each run
+(:class:`~.run_trainer.NewRun`) and registers it with :meth:`Engine.register`, and the engine
+asks the :class:`~.run_trainer.RunFactory` it was constructed with for rebuilds and clones.
 
 The package, one concept a module (lower ones never import higher ones)::
 
+    run_trainer.py   the seam: RunTrainer (what the engine asks of a run's trainer),
+                     NewRun (a built run), RunFactory (rebuilds and clones)
     records.py       RunSlot (a run's record, WeightsAt: where its weights are), EngineStats
     support.py       disk faults, the wall clock, lease renewal, Ctrl-C, small conversions
     callback.py      ChunkCallback, and TurnHost: the little it asks of the engine
@@ -33,7 +37,8 @@ The package, one concept a module (lower ones never import higher ones)::
     coordination.py  the shared state: register, claim (Turn | Wait | Retry | Done), gangs,
                      recording finished chunks
     reporting.py     the tracker: chunk reports, the end of a run() call, ops from tags
-    ops.py           the ops desk: queue, policy, apply; clones (also from the shared state)
+    clones.py        clones: built by the factory, registered, warm-started; from recipes
+    ops.py           the ops desk: queue, policy, apply
     core.py          Engine: the face the trainer layer sees, and the loop of run()
 """
 
@@ -41,6 +46,7 @@ from .callback import ChunkCallback, TurnHost
 from .coordination import Claim, Done, Retry, Turn, Wait
 from .core import Engine
 from .records import EngineStats, RunFailure, RunSlot, WeightsAt
+from .run_trainer import NewRun, RunFactory, RunTrainer
 
 __all__ = [
     "ChunkCallback",
@@ -48,9 +54,12 @@ __all__ = [
     "Done",
     "Engine",
     "EngineStats",
+    "NewRun",
     "Retry",
+    "RunFactory",
     "RunFailure",
     "RunSlot",
+    "RunTrainer",
     "Turn",
     "TurnHost",
     "Wait",

@@ -4,28 +4,24 @@ record of a run that failed before it could train."""
 from __future__ import annotations
 
 import math
-import traceback
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from ..chunks import ChunkPlan, plan_chunks, training_steps
 from ..models import ModelGroup
 from ..residency import Residency
 from .records import RunSlot
+from .run_trainer import NewRun, RunTrainer
 
 __all__ = ["new_slot", "plan_for", "register_failed"]
 
 
 def plan_for(
-    name: str, num_batches: int, args: Any, *, total_steps: int | None = None,
+    name: str, num_batches: int, args: Any, *, num_chunks: int, total_steps: int | None = None,
     step_multiple: int = 1,
 ) -> ChunkPlan:
     """The chunk plan of a run whose dataloader has ``num_batches`` batches per epoch."""
-    num_chunks = getattr(args, "_rf_num_chunks", 1)
     spe, total = training_steps(
         num_batches, args.gradient_accumulation_steps, args.num_train_epochs, args.max_steps
     )
@@ -38,17 +34,16 @@ def plan_for(
                            step_multiple=step_multiple)
 
 
-def _num_batches(trainer: Any, gang: int) -> int:
+def _num_batches(trainer: RunTrainer, gang: int) -> int:
     """Batches per epoch of ``trainer``'s dataloader, before the Trainer has built it."""
     args = trainer.args
     dataset = trainer.train_dataset
-    if hasattr(trainer, "_rf_num_batches"):
-        num_batches = trainer._rf_num_batches()
-    elif hasattr(dataset, "__len__"):
+    num_batches = trainer.rf_num_batches()
+    if num_batches is None and hasattr(dataset, "__len__"):
         batch = args.per_device_train_batch_size
         n = len(dataset)
         num_batches = n // batch if args.dataloader_drop_last else math.ceil(n / batch)
-    else:
+    elif num_batches is None:
         num_batches = max(args.max_steps, 1) * args.gradient_accumulation_steps
     if gang > 1 and args.max_steps <= 0:
         # Each member sees its shard of the batches (accelerate's even split); the plan
@@ -58,23 +53,21 @@ def _num_batches(trainer: Any, gang: int) -> int:
     return num_batches
 
 
-def new_slot(
-    trainer: Any, *, name: str, params: Sequence[torch.nn.Parameter], num_chunks: int,
-    gang: int = 0, **fields: Any,
-) -> RunSlot:
-    """The record of a run with a freshly built trainer (not attached to it yet); ``fields``:
-    the rest of the record's fields (``index``, ``knobs``, ``group``, ``run_dir``, ...)."""
-    trainer.args._rf_num_chunks = num_chunks
-    num_batches = _num_batches(trainer, gang)
-    step_multiple = getattr(trainer, "_rf_step_multiple", lambda: 1)()
+def new_slot(new: NewRun, *, checkpoints: Path) -> RunSlot:
+    """The record of a freshly built run (not attached to its trainer yet)."""
+    trainer = new.trainer
+    step_multiple = trainer.rf_step_multiple()
+    plan = plan_for(new.name, _num_batches(trainer, new.gang), trainer.args,
+                    num_chunks=new.num_chunks, step_multiple=step_multiple)
     slot = RunSlot(
-        name=name, trainer=trainer, residency=Residency(key=name, params=list(params)),
-        plan=plan_for(name, num_batches, trainer.args, step_multiple=step_multiple),
-        step_multiple=step_multiple, gang=gang, **fields,
+        name=new.name, index=new.index, knobs=new.knobs, trainer=trainer, group=new.group,
+        adapter=new.adapter, residency=Residency(key=new.name, params=list(new.params)),
+        plan=plan, run_dir=Path(new.run_dir), chunk_eval=new.chunk_eval,
+        chunk_save=new.chunk_save, step_multiple=step_multiple, num_chunks=new.num_chunks,
+        gang=new.gang, checkpoints=checkpoints,
     )
-    if gang:
-        # Its own model (sharded by its trainer) stays where it is: nothing to park.
-        slot.residency.resident = False
+    # A gang run's own model (sharded by its trainer) stays where it is: nothing to park.
+    slot.residency.resident = new.resident and not new.gang
     return slot
 
 
@@ -90,10 +83,7 @@ def register_failed(
         residency=Residency(key=name, params=[]), plan=ChunkPlan(0, 0, 0, ()),
         run_dir=Path(run_dir), finished=True,
     )
-    slot.error = "".join(traceback.format_exception_only(type(error), error)).strip()
-    slot.error_traceback = "".join(
-        traceback.format_exception(type(error), error, error.__traceback__)
-    )
+    slot.record_error(error)
     slot.state.fail(slot.error)
     slots[name] = slot
     warnings.warn(f"{name} failed before training: {slot.error}", RuntimeWarning,

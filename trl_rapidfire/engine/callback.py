@@ -28,8 +28,8 @@ class TurnHost(Protocol):
         """Give a warm clone's new optimizer its parent's moments."""
 
     def plan_for(
-        self, name: str, num_batches: int, args: Any, *, total_steps: int | None = None,
-        step_multiple: int = 1,
+        self, name: str, num_batches: int, args: Any, *, num_chunks: int,
+        total_steps: int | None = None, step_multiple: int = 1,
     ) -> ChunkPlan:
         """The chunk plan of a run whose dataloader has ``num_batches`` batches per epoch."""
 
@@ -55,14 +55,14 @@ class ChunkCallback(TrainerCallback):
             self.host.load_warm_optimizer_state(slot)
         if slot.warm_checkpoint is not None:
             if state.global_step == 0:
-                slot.trainer._rf_warm_start_from(slot.warm_checkpoint)
+                slot.trainer.rf_warm_start_from(slot.warm_checkpoint)
             slot.warm_checkpoint = None
         if train_dataloader is not None and hasattr(train_dataloader, "__len__"):
             # The dataloader the Trainer built is the truth (GRPO repeats every generation
             # batch, a sampler may drop batches): plan from it before the first step.
             plan = self.host.plan_for(
-                slot.name, len(train_dataloader), args, total_steps=state.max_steps,
-                step_multiple=slot.step_multiple,
+                slot.name, len(train_dataloader), args, num_chunks=slot.num_chunks,
+                total_steps=state.max_steps, step_multiple=slot.step_multiple,
             )
             if plan != slot.plan:
                 slot.plan = plan

@@ -12,30 +12,31 @@ import concurrent.futures
 import gc
 import signal
 import time
-import traceback
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..cache import StateCache
 from ..faults import ExperimentFault, disk_fault, fault_message
+from ..layout import Layout
 from ..models import ModelGroup, ModelPool
+from ..policies import Policy
 from ..progress import ExperimentProgress
 from ..results import RunResult
 from ..runs import RunStatus
 from ..schedule import ChunkRecord
 from ..store import FileStore
 from ..switch import RunCoroutine
+from ..tracking import Tracker
 from ..trust import check_run_name, inside
 from ..workers import WorkerInfo, current_worker
 from .building import new_slot, plan_for, register_failed
+from .clones import Clones
 from .coordination import Claim, Coordinator, Done, GangWait, Retry, Turn, Wait
 from .ops import OpsDesk
 from .records import EngineStats, RunSlot, WeightsAt
 from .reporting import Reporter, progress_text
+from .run_trainer import NewRun, RunFactory
 from .support import FaultNote, Kept, LeaseKeeper, WallClock, install_sigint, orphaned
 from .turns import Turns
 
@@ -57,13 +58,15 @@ class Engine:
             and moving runs between workers rest on).
         lease_seconds: how long a claim lives without renewal (the worker renews it while it
             trains; on this machine a dead worker is noticed at once, whatever the lease).
+        runs: builds trainers for rebuilt runs and clones (the trainer layer's); ``None``:
+            this engine neither rebuilds nor clones.
+        policy: automatic control at chunk ends (see :mod:`trl_rapidfire.policies`).
+        tracker: where runs, metrics and op answers go (MLflow), and ops come from.
     """
 
     # Kept by the collaborator that uses them (see there for what each does), read and set
-    # here. The trainer layer sets the first four after construction.
-    rebuild = Kept("_turns")  # a fresh trainer for a run that continues from its checkpoint
-    clone_builder = Kept("_ops")  # how to build a clone's run
-    policy = Kept("_ops")  # automatic control (see policies.py)
+    # here.
+    policy = Kept("_ops")
     tracker = Kept("_reporter")
     durable = Kept("_turns")
     end_turn = Kept("_turns")
@@ -72,9 +75,6 @@ class Engine:
     op_log = Kept("_ops")
     queue_op = Kept("_ops")
     apply_ops = Kept("_ops")
-    parent_state = Kept("_ops")
-    warm_dir = Kept("_ops")
-    last_checkpoint = Kept("_ops")
     schedule = Kept("_shared")
     lease_seconds = Kept("_shared")
     idle_wait = Kept("_shared")
@@ -91,11 +91,15 @@ class Engine:
         pool: ModelPool | None = None,
         durable: bool = True,
         lease_seconds: float = 120.0,
+        runs: RunFactory | None = None,
+        policy: Policy | None = None,
+        tracker: Tracker | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
+        self.layout = Layout(self.output_dir)
         self.cache = cache
         self.worker = worker or current_worker()
-        self.store = store or FileStore(self.output_dir / ".rapidfire", fingerprint="")
+        self.store = store or FileStore(self.layout.state_dir, fingerprint="")
         self.pool = pool
         self.slots: dict[str, RunSlot] = {}
         self.stats = EngineStats()
@@ -107,66 +111,46 @@ class Engine:
         # re-run of the script continues from the last recorded boundaries.
         self._fault = FaultNote()
         self._clock = WallClock()
-        self._reporter = Reporter()
+        self._reporter = Reporter(tracker)
         self._turns = Turns(output_dir=self.output_dir, cache=cache, pool=pool,
-                            slots=self.slots, rank=self.worker.rank, replanned=self.replanned)
+                            slots=self.slots, rank=self.worker.rank, replanned=self.replanned,
+                            rebuild=runs.rebuild if runs is not None else None)
         self._turns.durable = durable
         self._shared = Coordinator(
             store=self.store, worker=self.worker, slots=self.slots, forget=self._turns.forget,
             clock=self._clock, fault=self._fault, schedule_path=self.schedule_path,
             lease_seconds=lease_seconds,
         )
+        clones = Clones(layout=self.layout, slots=self.slots, cache=cache, runs=runs,
+                        register=self.register)
         self._ops = OpsDesk(
-            output_dir=self.output_dir, store=self.store, worker=self.worker, slots=self.slots,
-            cache=cache, turns=self._turns, shared=self._shared, reporter=self._reporter,
-            clock=self._clock, replanned=self.replanned,
+            layout=self.layout, store=self.store, worker=self.worker, slots=self.slots,
+            clones=clones, policy=policy, turns=self._turns, shared=self._shared,
+            reporter=self._reporter, clock=self._clock, replanned=self.replanned,
         )
 
     @property
-    def checkpoint_root(self) -> Path:
-        return self.output_dir / ".rapidfire" / "checkpoints"
-
-    @property
     def schedule_path(self) -> Path:
-        return self.output_dir / "schedule.csv"
+        return self.layout.schedule
 
     # ------------------------------------------------------------------ building
 
     plan_for = staticmethod(plan_for)
 
-    def add_run(
-        self,
-        *,
-        name: str,
-        index: int,
-        knobs: dict[str, Any],
-        trainer: Any,
-        group: ModelGroup,
-        adapter: str | None,
-        params: Sequence[torch.nn.Parameter],
-        num_chunks: int,
-        run_dir: Path,
-        chunk_eval: bool = False,
-        chunk_save: bool = False,
-        gang: int = 0,
-    ) -> RunSlot:
-        """Register a freshly built trainer as a run (``gang``: trained by that many workers
-        together, e.g. FSDP; its trainer was built in the launch's world).
+    def register(self, new: NewRun) -> RunSlot:
+        """Register a freshly built run (``new.gang``: trained by that many workers together,
+        e.g. FSDP; its trainer was built in the launch's world), and open its tracking run.
 
         Call right after building the trainer: its RNG streams and accelerate's state are
         captured now, as the run's starting point (what they would be in a script that built
         this trainer alone and then called ``train()``).
         """
-        check_run_name(name)
-        inside(self.output_dir, run_dir)  # names come from files too: never outside
-        inside(self.output_dir, self.checkpoint_root / name)
-        slot = new_slot(
-            trainer, name=name, params=params, num_chunks=num_chunks, gang=gang, index=index,
-            knobs=knobs, group=group, adapter=adapter, run_dir=Path(run_dir),
-            checkpoints=self.checkpoint_root / name, chunk_eval=chunk_eval, chunk_save=chunk_save,
-        )
-        self._turns.attach(slot, trainer)
-        self.slots[name] = slot
+        check_run_name(new.name)
+        inside(self.output_dir, new.run_dir)  # names come from files too: never outside
+        slot = new_slot(new, checkpoints=self.layout.checkpoints(new.name))
+        self._turns.attach(slot, new.trainer)
+        self.slots[new.name] = slot
+        self._reporter.ensure_run(new.name, new.tracked, new.tags)
         return slot
 
     def add_failed_run(
@@ -331,8 +315,7 @@ class Engine:
             try:
                 self._turns.continue_from_disk(slot)
             except Exception as exc:  # noqa: BLE001 - this run fails, the others go on
-                slot.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-                slot.error_traceback = traceback.format_exc()
+                slot.record_error(exc)
                 shared.turn_over()
                 shared.fail(slot)
                 self._after_turn(slot)

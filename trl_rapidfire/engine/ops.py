@@ -1,6 +1,6 @@
 """The ops desk: control ops (``stop``, ``resume``, ``delete``, ``clone``, ``clone-warm``) from
-the script, from run tags and from the experiment's policy, applied at chunk boundaries; and
-the clones they make, built here or from another worker's recipe in the shared state."""
+the script, from run tags and from the experiment's policy, applied at chunk boundaries.
+The clones they make are :mod:`.clones`'s."""
 
 from __future__ import annotations
 
@@ -8,20 +8,16 @@ import json
 import threading
 import warnings
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
-import torch
-
-from ..cache import StateCache, save_tree
+from ..cache import save_tree
 from ..control import Op, OpError, OpRecord, append_op_row, parse_op
-from ..durable import checkpoint_at, run_state_from_checkpoint
+from ..layout import Layout, run_index, run_name
 from ..policies import Context, Policy, RunHistory
 from ..runs import RunState, RunStatus
 from ..store import FileStore, disband_forming_gang
-from ..trust import check_run_name, inside
 from ..workers import WorkerInfo
 from .building import register_failed
+from .clones import Clones, next_run_index
 from .coordination import Coordinator
 from .records import RunSlot
 from .reporting import Reporter
@@ -37,9 +33,11 @@ class OpsDesk:
     through the shared state.
 
     Args:
-        output_dir: the experiment folder (``ops.csv``, ``.rapidfire/warm/<run>``).
+        layout: the experiment's paths (``ops.csv``, a warm clone's starting state).
         store, worker, slots: the shared state, this worker, the engine's runs.
-        cache: where parked run state lives (a warm clone copies its parent's from there).
+        clones: makes the runs clone ops ask for.
+        policy: automatic control (see policies.py), asked by the first worker at every
+            chunk end; or ``None``.
         turns: parks a stopped run, forgets a failed one.
         shared: this worker's view of the shared state.
         reporter: tells the tracker each op's result, and hears the ops set as tags.
@@ -48,20 +46,18 @@ class OpsDesk:
     """
 
     def __init__(
-        self, *, output_dir: Path, store: FileStore, worker: WorkerInfo,
-        slots: dict[str, RunSlot], cache: StateCache, turns: Turns, shared: Coordinator,
-        reporter: Reporter, clock: WallClock, replanned: Callable[[], None],
+        self, *, layout: Layout, store: FileStore, worker: WorkerInfo,
+        slots: dict[str, RunSlot], clones: Clones, policy: Policy | None, turns: Turns,
+        shared: Coordinator, reporter: Reporter, clock: WallClock,
+        replanned: Callable[[], None],
     ) -> None:
-        self.output_dir = output_dir
+        self.layout = layout
         self.store = store
         self.worker = worker
         self.slots = slots
-        self.cache = cache
+        self.clones = clones
         self.op_log: list[OpRecord] = []
-        # Set by the trainer layer: how to build a clone's run.
-        self.clone_builder: Callable[..., RunSlot] | None = None
-        # Automatic control (see policies.py), asked by the first worker at every chunk end.
-        self.policy: Policy | None = None
+        self.policy = policy
         self._turns = turns
         self._shared = shared
         self._reporter = reporter
@@ -176,7 +172,7 @@ class OpsDesk:
             record = OpRecord.now(source, run, text, result)
             records.append(record)
             self.op_log.append(record)
-            append_op_row(record, self.output_dir / "ops.csv")
+            append_op_row(record, self.layout.ops_log)
             self._reporter.answer_op(source, run, text, result, known=run in self.slots)
             if run in self.slots:
                 self.slots[run].last_op = result
@@ -209,15 +205,11 @@ class OpsDesk:
             raise OpError(f"no run named {run!r}; runs: {sorted(self.slots)}")
         if slot.state.status == RunStatus.DELETED:
             raise OpError(f"{run} is deleted; no op applies to it")
-        if self.clone_builder is None:
-            raise OpError("this experiment cannot clone runs")
         # Under the lock: the clone's name is taken from the shared state, so two workers
         # cloning at once never pick the same one, and the others learn how to build it.
         with self.store.transaction() as st:
-            taken = {int(n.rsplit("-", 1)[1]) for n in st.runs if n.rsplit("-", 1)[-1].isdigit()}
-            taken |= {s.index for s in self.slots.values()}
-            name = f"run-{max(taken) + 1}"
-            clone = self.clone_builder(slot, op, name=name, trusted=trusted)
+            name = run_name(next_run_index(st.runs, self.slots))
+            clone = self.clones.make(slot, op, name=name, trusted=trusted)
             st.add_run(clone.name, len(clone.plan), json_knobs(clone.knobs))
             if clone.gang:
                 st.gang_size[clone.name] = clone.gang
@@ -225,7 +217,7 @@ class OpsDesk:
             st.runs[clone.name].warm_start = clone.state.warm_start
             st.clones[clone.name] = {"parent": run, "op": str(op)}
             if op.warm and clone.warm_state_tree is not None:
-                save_tree(clone.warm_state_tree, self.warm_dir(clone.name))
+                save_tree(clone.warm_state_tree, self.layout.warm_dir(clone.name))
             self._shared.sync(st)
         self._replanned()
         return f"created {clone.name}" + (f" warm-started from {run}" if op.warm else "")
@@ -233,22 +225,17 @@ class OpsDesk:
     def build_clone_from_store(self, name: str, info: dict[str, str]) -> None:
         """Build the clone ``name`` another worker (or an earlier session) made, from its
         recipe ``info`` in the shared state; if it cannot be built here, it alone fails."""
-        parent = self.slots.get(info["parent"])
-        if parent is None or self.clone_builder is None:
-            raise RuntimeError(f"cannot build clone {name}: parent {info['parent']} unknown")
-        warm = self.warm_dir(name)
         # The state file is not the author: its recipe is held to a tag's limits, unless this
         # script asked for the same clone itself (every worker of a launch queues its ops).
         trusted = (info["parent"], info["op"]) in self._author_ops
         try:
-            self.clone_builder(parent, parse_op(info["op"]), name=name,
-                               warm_from=warm if warm.is_dir() else None, trusted=trusted)
+            self.clones.make_from_recipe(name, info, trusted=trusted)
         except OpError as err:
             # Not buildable here (e.g. a Python clone of another session that loads code):
             # that run fails alone, saying why; the others train on.
             register_failed(
-                self.slots, name=name, index=int(name.rsplit("-", 1)[1]), knobs={}, group=None,
-                run_dir=self.output_dir / "runs" / name,
+                self.slots, name=name, index=run_index(name), knobs={}, group=None,
+                run_dir=self.layout.run_dir(name),
                 error=OpError(f"cannot rebuild clone {name} of {info['parent']} from "
                               f"{self.store.path}: {err}"),
                 stacklevel=2,
@@ -259,49 +246,6 @@ class OpsDesk:
                     record.fail(self.slots[name].error)
                 self._shared.sync(st)
         self._replanned()
-
-    # ------------------------------------------------------------------ warm starts
-
-    def parent_state(self, slot: RunSlot) -> tuple[list[torch.Tensor], list[Any]]:
-        """Copies of ``slot``'s parameter values and per-parameter optimizer state, as of its
-        last finished chunk (for a warm-started clone)."""
-        optimizer = slot.trainer.optimizer if slot.trainer is not None else None
-        if slot.state.chunks_done > slot.local_chunks:
-            # Trained by another worker or an earlier process: its state is its checkpoint.
-            return self._state_on_disk(slot)
-        try:
-            return slot.residency.copy_state(self.cache, optimizer)
-        except LookupError as err:
-            raise OpError(f"{slot.name} has no weights to start from") from err
-
-    def warm_dir(self, name: str) -> Path:
-        """Where a warm clone's starting state is kept for the other workers and re-runs."""
-        path = self.output_dir / ".rapidfire" / "warm" / check_run_name(name)
-        inside(self.output_dir, path)
-        return path
-
-    def last_checkpoint(self, slot: RunSlot) -> Path:
-        """``slot``'s checkpoint at its last finished chunk (to warm-start a clone from)."""
-        ckpt = checkpoint_at(slot.checkpoints, slot.state.global_step) if slot.checkpoints \
-            else None
-        if ckpt is None:
-            raise OpError(f"{slot.name} has no checkpoint at step {slot.state.global_step} to "
-                          "warm-start from (a finished run keeps only its final weights); use "
-                          "`clone`")
-        return ckpt
-
-    def _state_on_disk(self, slot: RunSlot) -> tuple[list[torch.Tensor], list[Any]]:
-        ckpt = self.last_checkpoint(slot)
-        model = slot.group.model
-        if slot.adapter is not None:
-            slot.group.attach(slot.adapter)  # its parameters' names are read from the model
-        own = {id(p) for p in slot.residency.params}
-        named = [(n, p) for n, p in model.named_parameters() if id(p) in own]
-        decay = set(slot.trainer.get_decay_parameter_names(model))
-        try:
-            return run_state_from_checkpoint(ckpt, named, slot.adapter, decay)
-        except LookupError as err:
-            raise OpError(f"cannot warm-start from {slot.name}'s checkpoint: {err}") from None
 
 
 def change_status(record: RunState, verb: str, reason: str | None = None) -> str:

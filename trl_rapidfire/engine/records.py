@@ -4,6 +4,7 @@ are, and everything its turns must not lose; and what a ``run()`` call reports b
 from __future__ import annotations
 
 import enum
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ class RunSlot:
     chunk_eval: bool = False
     chunk_save: bool = False
     step_multiple: int = 1
+    num_chunks: int = 1  # asked for: the plan may have fewer (see chunks.plan_chunks)
     state: RunState = field(default=None)  # type: ignore[assignment]
     rng: RngState | None = None
     accelerate: list[dict[str, Any]] | None = None
@@ -124,6 +126,13 @@ class RunSlot:
     def __post_init__(self) -> None:
         if self.state is None:
             self.state = RunState(name=self.name, knobs=dict(self.knobs))
+
+    def record_error(self, exc: BaseException) -> None:
+        """Keep why the run failed: one line for tags, warnings and tables, and the whole
+        traceback for the log."""
+        self.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        self.error_traceback = "".join(
+            traceback.format_exception(type(exc), exc, exc.__traceback__))
 
     @property
     def final_dir(self) -> Path:

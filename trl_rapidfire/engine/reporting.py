@@ -29,14 +29,19 @@ def progress_text(slot: RunSlot) -> str:
 
 
 class Reporter:
-    """Hands the tracker (set by the trainer layer, or ``None``) what the engine has to say.
+    """Hands the tracker (the trainer layer's, or ``None``) what the engine has to say.
 
     The tracker only queues in memory; its own thread writes to MLflow, while chunks compute
     (:meth:`set_active`), because each MLflow call is milliseconds of Python under the GIL.
     """
 
-    def __init__(self) -> None:
-        self.tracker: Tracker | None = None
+    def __init__(self, tracker: Tracker | None = None) -> None:
+        self.tracker = tracker
+
+    def ensure_run(self, name: str, params: dict, tags: dict[str, str]) -> None:
+        """The run's MLflow run exists, with ``params`` and (if new) ``tags``."""
+        if self.tracker is not None:
+            self.tracker.ensure_run(name, params, {"rapidfire.status": "pending", **tags})
 
     def report(self, slot: RunSlot) -> None:
         """The run's metric points since it was last reported, its status and progress."""

@@ -12,7 +12,6 @@ import copy
 import json
 import shutil
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from ..trust import inside
 from .building import plan_for
 from .callback import ChunkCallback
 from .records import RunSlot, WeightsAt
+from .run_trainer import RunTrainer
 from .support import disk_faults
 
 __all__ = ["Turns"]
@@ -44,11 +44,14 @@ class Turns:
         slots: the engine's runs (shared, not copied).
         rank: this worker's rank (the first member of a gang prunes its checkpoints).
         replanned: told when a run's plan changes.
+        rebuild: a fresh trainer for a run that continues from its checkpoint (``None``:
+            this experiment cannot rebuild one).
     """
 
     def __init__(
         self, *, output_dir: Path, cache: StateCache, pool: ModelPool | None,
         slots: dict[str, RunSlot], rank: int, replanned: Callable[[], None],
+        rebuild: Callable[[RunSlot], RunTrainer] | None = None,
     ) -> None:
         self.output_dir = output_dir
         self.cache = cache
@@ -58,9 +61,7 @@ class Turns:
         # Write each run's checkpoint at every chunk boundary (what crash recovery and moving
         # runs between workers rest on).
         self.durable = True
-        # Set by the trainer layer: a fresh trainer for a run that continues from its
-        # checkpoint.
-        self.rebuild: Callable[[RunSlot], Any] | None = None
+        self.rebuild = rebuild
         # The run whose tensors were switched in last.
         self.resident: RunSlot | None = None
         self._replanned = replanned
@@ -76,12 +77,12 @@ class Turns:
     def replanned(self) -> None:
         self._replanned()
 
-    def attach(self, slot: RunSlot, trainer: Any) -> None:
+    def attach(self, slot: RunSlot, trainer: RunTrainer) -> None:
         # The trainer's starting point: RNG streams and accelerate state as they are right
         # after it was built, what a script that built it alone would then train from.
         slot.trainer = trainer
         trainer.add_callback(ChunkCallback(self, slot))
-        slot.stateful = list(getattr(trainer, "_rf_stateful", lambda: [])())
+        slot.stateful = list(trainer.rf_stateful())
         slot.stateful_states = [copy.deepcopy(obj.state_dict()) for obj in slot.stateful]
         slot.rng = RngState.capture()
         slot.accelerate = snapshot_accelerate_state()
@@ -106,14 +107,14 @@ class Turns:
         if slot.gang:
             # Written now, by every member together (collectives); only the first prunes.
             with disk_faults("the checkpoint", target):
-                slot.trainer._rf_save_gang_boundary(target, rng)
+                slot.trainer.rf_save_gang_boundary(target, rng)
             if self.rank == 0:
                 prune_checkpoints(slot.checkpoints, keep=(
                     target, slot.checkpoints / f"checkpoint-{slot.state.global_step}"))
             slot.write = None
             return
         with disk_faults("the checkpoint", target):
-            finish = slot.trainer._rf_save_boundary(target, rng)
+            finish = slot.trainer.rf_save_boundary(target, rng)
         # The checkpoint of the last boundary the shared state has recorded stays until this
         # one is recorded too (a crash in between resumes from it); older ones go.
         keep = (target, slot.checkpoints / f"checkpoint-{slot.state.global_step}")
@@ -152,8 +153,7 @@ class Turns:
                 slot.fault = str(exc) if isinstance(exc, ExperimentFault) else fault_message(
                     "the run's files", slot.run_dir, detail)
                 return
-            slot.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            slot.error_traceback = traceback.format_exc()
+            slot.record_error(exc)
         finally:
             # KeyboardInterrupt and SystemExit pass through to the scheduler, which stops.
             slot.finished = True
@@ -237,8 +237,7 @@ class Turns:
     def load_final(self, slot: RunSlot) -> None:
         """After ``slot`` (finished elsewhere) was switched in: its final weights and trainer
         state from disk become its live ones."""
-        slot.trainer._load_from_checkpoint(str(slot.final_dir))
-        slot.trainer.state = slot.disk_state
+        slot.trainer.rf_load_final(slot.final_dir, slot.disk_state)
         slot.weights = WeightsAt.LIVE
         slot.local_chunks = slot.state.chunks_done
 

@@ -17,7 +17,8 @@ from ..configs import RFConfigError, RFDPOConfig
 from ..dataset_checks import check_dpo_dataset
 from ..preflight import PreflightError
 from ..search import Search
-from .base import RFTrainerMixin, RunTrainerMixin, rf_config_from
+from .base import RFTrainerMixin, default_output_dir, rf_config_from, trainer_arguments
+from .run_trainer import RunTrainerMixin
 
 __all__ = ["RFDPOTrainer"]
 
@@ -73,6 +74,7 @@ class RFDPOTrainer(RFTrainerMixin, DPOTrainer):
         search: Search | None = None,
         policy: Any = None,
     ) -> None:
+        arguments = trainer_arguments(locals())  # first: nothing else in locals() yet
         if train_dataset is None:
             raise ValueError("`train_dataset` is required")
         try:  # before any model loads; DPO's columns do not depend on the config
@@ -81,27 +83,9 @@ class RFDPOTrainer(RFTrainerMixin, DPOTrainer):
         except PreflightError as err:
             raise RFConfigError(str(err)) from None
         self._rf_setup(
-            args=rf_config_from(args, RFDPOConfig, _default_dir(model, "DPO")),
+            args=rf_config_from(args, RFDPOConfig, default_output_dir(model, "DPO")),
             search=search,
             policy=policy,
-            knob_args=dict(model=model, peft_config=peft_config,
-                           processing_class=processing_class),
-            shared_args=dict(
-                ref_model=ref_model,
-                data_collator=data_collator,
-                train_dataset=train_dataset,
-                eval_dataset=eval_dataset,
-                compute_metrics=compute_metrics,
-                callbacks=callbacks,
-                optimizers=optimizers,
-                quantization_config=quantization_config,
-                rf_dataset_memo={},
-            ),
+            arguments=arguments,
+            rf_dataset_memo={},
         )
-
-
-def _default_dir(model: Any, suffix: str) -> str:
-    name = model if isinstance(model, str) else getattr(
-        getattr(model, "config", None), "_name_or_path", "model"
-    )
-    return f"{str(name).rstrip('/').split('/')[-1]}-{suffix}"

@@ -25,8 +25,8 @@ from ..configs import RFConfigError, RFGRPOConfig
 from ..dataset_checks import check_dataset_rows, check_grpo_dataset
 from ..preflight import PreflightError
 from ..search import Search
-from .base import RFTrainerMixin, RunTrainerMixin, rf_config_from
-from .dpo import _default_dir
+from .base import RFTrainerMixin, default_output_dir, rf_config_from, trainer_arguments
+from .run_trainer import RunTrainerMixin
 
 __all__ = ["RFGRPOTrainer", "generation_cycle_steps"]
 
@@ -42,17 +42,17 @@ def generation_cycle_steps(args: Any) -> int:
 class _RunGRPOTrainer(RunTrainerMixin, GRPOTrainer):
     """One run's ``GRPOTrainer``."""
 
-    def _rf_step_multiple(self) -> int:
+    def rf_step_multiple(self) -> int:
         return generation_cycle_steps(self.args)
 
-    def _rf_stateful(self) -> list[Any]:
+    def rf_stateful(self) -> list[Any]:
         # Reward functions that keep state between calls opt in by offering
         # state_dict()/load_state_dict(); each run then sees only its own calls' effects.
         return [f for f in self.reward_funcs
                 if callable(getattr(f, "state_dict", None))
                 and callable(getattr(f, "load_state_dict", None))]
 
-    def _rf_num_batches(self) -> int:
+    def rf_num_batches(self) -> int:
         # GRPO's sampler repeats every generation batch: count what its dataloader yields.
         return len(self.get_train_dataloader())
 
@@ -66,6 +66,7 @@ class RFGRPOTrainer(RFTrainerMixin, GRPOTrainer):
     be ``List``s. ``search``: ``GridSearch()`` (default) or ``RandomSearch(...)``.
     """
 
+    _rf_knob_arguments = ("model", "peft_config", "reward_funcs", "processing_class")
     _run_trainer_class = _RunGRPOTrainer
 
     def __init__(
@@ -88,6 +89,7 @@ class RFGRPOTrainer(RFTrainerMixin, GRPOTrainer):
         search: Search | None = None,
         policy: Any = None,
     ) -> None:
+        arguments = trainer_arguments(locals())  # first: nothing else in locals() yet
         if train_dataset is None:
             raise ValueError("`train_dataset` is required")
         try:  # before any model loads
@@ -99,20 +101,8 @@ class RFGRPOTrainer(RFTrainerMixin, GRPOTrainer):
         except PreflightError as err:
             raise RFConfigError(str(err)) from None
         self._rf_setup(
-            args=rf_config_from(args, RFGRPOConfig, _default_dir(model, "GRPO")),
+            args=rf_config_from(args, RFGRPOConfig, default_output_dir(model, "GRPO")),
             search=search,
             policy=policy,
-            knob_args=dict(model=model, peft_config=peft_config, reward_funcs=reward_funcs,
-                           processing_class=processing_class),
-            shared_args=dict(
-                train_dataset=train_dataset,
-                eval_dataset=eval_dataset,
-                reward_processing_classes=reward_processing_classes,
-                callbacks=callbacks,
-                optimizers=optimizers,
-                quantization_config=quantization_config,
-                tools=tools,
-                rollout_func=rollout_func,
-                environment_factory=environment_factory,
-            ),
+            arguments=arguments,
         )

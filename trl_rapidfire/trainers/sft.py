@@ -12,7 +12,8 @@ from ..configs import RFConfigError, RFSFTConfig
 from ..dataset_checks import check_dataset_rows, check_sft_dataset
 from ..preflight import PreflightError
 from ..search import Search
-from .base import RFTrainerMixin, RunTrainerMixin, rf_config_from
+from .base import RFTrainerMixin, default_output_dir, rf_config_from, trainer_arguments
+from .run_trainer import RunTrainerMixin
 
 __all__ = ["RFSFTTrainer"]
 
@@ -85,6 +86,7 @@ class RFSFTTrainer(RFTrainerMixin, SFTTrainer):
     final adapter/model is in ``<output_dir>/runs/<run>/final/``.
     """
 
+    _rf_knob_arguments = ("model", "peft_config", "formatting_func", "processing_class")
     _run_trainer_class = _RunSFTTrainer
 
     def __init__(
@@ -108,37 +110,17 @@ class RFSFTTrainer(RFTrainerMixin, SFTTrainer):
         search: Search | None = None,
         policy: Any = None,
     ) -> None:
+        arguments = trainer_arguments(locals())  # first: nothing else in locals() yet
         if train_dataset is None:
             raise ValueError("`train_dataset` is required")
         try:  # before any model loads
             check_dataset_rows({"train_dataset": train_dataset, "eval_dataset": eval_dataset})
         except PreflightError as err:
             raise RFConfigError(str(err)) from None
-        name = model if isinstance(model, str) else getattr(
-            getattr(model, "config", None), "_name_or_path", "model"
-        )
-        default_dir = f"{str(name).rstrip('/').split('/')[-1]}-SFT"
         self._rf_setup(
-            args=rf_config_from(args, RFSFTConfig, default_dir),
+            args=rf_config_from(args, RFSFTConfig, default_output_dir(model, "SFT")),
             search=search,
             policy=policy,
-            knob_args=dict(
-                model=model,
-                peft_config=peft_config,
-                formatting_func=formatting_func,
-                processing_class=processing_class,
-            ),
-            shared_args=dict(
-                data_collator=data_collator,
-                train_dataset=train_dataset,
-                eval_dataset=eval_dataset,
-                compute_loss_func=compute_loss_func,
-                compute_metrics=compute_metrics,
-                callbacks=callbacks,
-                optimizers=optimizers,
-                optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
-                preprocess_logits_for_metrics=preprocess_logits_for_metrics,
-                quantization_config=quantization_config,
-                rf_dataset_memo={},
-            ),
+            arguments=arguments,
+            rf_dataset_memo={},
         )

@@ -1,0 +1,106 @@
+"""Where an experiment keeps its files, in one place; and run names.
+
+Everything under ``<output_dir>``::
+
+    schedule.csv, ops.csv          what ran when; every op and its result
+    runs/<run>/                    a run's TRL output_dir (its own checkpoints, logs)
+    runs/<run>/final/              its final adapter or model, trainer state, train output
+    .rapidfire/scheduler.json      the shared scheduler state (store.py), and its lock
+    .rapidfire/experiment.json     which MLflow experiment tracks it (tracking.py)
+    .rapidfire/checkpoints/<run>/  its boundary checkpoints (checkpoint-<step>)
+    .rapidfire/warm/<run>/         a warm clone's starting state
+    .rapidfire/cache/              parked run state spilled to disk (cache.py)
+
+Every path built from a run name is checked to stay inside ``<output_dir>``
+(:func:`trl_rapidfire.trust.inside`): names also come from files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .trust import check_run_name, inside
+
+__all__ = ["Layout", "run_index", "run_name", "run_order"]
+
+_PREFIX = "run-"
+
+
+def run_name(index: int) -> str:
+    """The name of run number ``index``."""
+    return f"{_PREFIX}{index}"
+
+
+def run_index(name: str) -> int | None:
+    """The number of run ``name`` (``run-7`` -> 7), or ``None`` for another name."""
+    tail = name[len(_PREFIX):] if name.startswith(_PREFIX) else ""
+    return int(tail) if tail.isdigit() else None
+
+
+def run_order(name: str) -> tuple[int, str]:
+    """Sort key of run names: ``run-2`` before ``run-10``, other names after all numbered ones."""
+    index = run_index(name)
+    return (index if index is not None else 1 << 30, name)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The paths of the experiment in ``output_dir``."""
+
+    output_dir: Path
+
+    def __init__(self, output_dir: str | os.PathLike) -> None:
+        object.__setattr__(self, "output_dir", Path(output_dir))
+
+    @property
+    def state_dir(self) -> Path:
+        """``.rapidfire``: what the package keeps for itself."""
+        return self.output_dir / ".rapidfire"
+
+    @property
+    def schedule(self) -> Path:
+        return self.output_dir / "schedule.csv"
+
+    @property
+    def ops_log(self) -> Path:
+        return self.output_dir / "ops.csv"
+
+    @property
+    def scheduler_state(self) -> Path:
+        return self.state_dir / "scheduler.json"
+
+    @property
+    def experiment_marker(self) -> Path:
+        return self.state_dir / "experiment.json"
+
+    @property
+    def cache(self) -> Path:
+        return self.state_dir / "cache"
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.state_dir / "checkpoints"
+
+    @property
+    def runs_root(self) -> Path:
+        return self.output_dir / "runs"
+
+    def run_dir(self, run: str) -> Path:
+        """``runs/<run>``: the run's own TRL ``output_dir``."""
+        return self._own(self.runs_root / check_run_name(run))
+
+    def final_dir(self, run: str) -> Path:
+        return self.run_dir(run) / "final"
+
+    def checkpoints(self, run: str) -> Path:
+        return self._own(self.checkpoint_root / check_run_name(run))
+
+    def warm_dir(self, run: str) -> Path:
+        """Where a warm clone's starting state is kept for the other workers and re-runs."""
+        return self._own(self.state_dir / "warm" / check_run_name(run))
+
+    def _own(self, path: Path) -> Path:
+        inside(self.output_dir, path)
+        return path

@@ -1,0 +1,277 @@
+"""Building runs on the model pool: a run's base model (loaded once per distinct model, shared
+by its runs), its adapter, and its trainer; rebuilding a run's trainer to continue from its
+checkpoint; and the clones control ops ask for.
+
+:class:`RunBuilder` is the engine's :class:`~trl_rapidfire.engine.run_trainer.RunFactory`.
+It builds; the engine registers what it built (:class:`~trl_rapidfire.engine.NewRun`), and
+warm-starts clones itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..accelerate_state import World, building_in
+from ..configs import RFConfigError, RFConfigMixin, is_gang_config
+from ..control import Op, OpError, resolve_overrides
+from ..engine import NewRun, RunSlot
+from ..knobs import describe_value, is_knob
+from ..layout import Layout, run_index
+from ..models import ModelPool, adapter_name
+from ..search import RunSpec, Search, SearchError
+from ..workers import current_worker
+from .run_trainer import copy_callbacks
+
+__all__ = ["CHUNK", "RunBuilder"]
+
+CHUNK = "chunk"
+
+# Settings a trainer applies to the model or tokenizer it is given, not to itself: runs that
+# share a base model (and its tokenizer) must agree on them, or one run's setting would leak
+# into the others'.
+_SHARED_SETTINGS = ("disable_dropout", "gradient_checkpointing", "activation_checkpointing",
+                    "eos_token", "pad_token", "chat_template_path")
+
+# What a warm start cannot change: the adapter's shape.
+_SHAPE_FIELDS = ("peft_type", "r", "target_modules", "modules_to_save", "rank_pattern",
+                 "use_dora", "layers_to_transform", "trainable_token_indices", "bias")
+
+
+class RunBuilder:
+    """Builds the runs of one experiment.
+
+    Args:
+        trainer_class: the run trainer class (a TRL trainer with ``RunTrainerMixin``).
+        args: the experiment's config (an RF config, or a plain TRL one).
+        shared: the trainer arguments every run gets (datasets, callbacks, ...).
+        knob_args: the trainer-level arguments as the user gave them (knobs included).
+        pool: the shared base models.
+    """
+
+    def __init__(self, *, trainer_class: type, args: Any, shared: dict[str, Any],
+                 knob_args: dict[str, Any], pool: ModelPool) -> None:
+        self.trainer_class = trainer_class
+        self.args = args
+        self.raw_args = args.raw_values() if isinstance(args, RFConfigMixin) else {}
+        self.shared = shared
+        self.knob_args = knob_args
+        self.pool = pool
+        self.layout = Layout(args.output_dir)
+        self.specs: dict[str, RunSpec] = {}
+
+    def strategy(self, spec: RunSpec, name: str) -> Any:
+        """The run's ``eval_strategy``/``save_strategy`` as the user wrote it (``"chunk"`` is
+        turned into ``"no"`` in the TRL config: the engine does the chunk-time work)."""
+        return spec.knobs.get(name, self.raw_args.get(name))
+
+    # ------------------------------------------------------------------ building a run
+
+    def build(self, spec: RunSpec) -> NewRun:
+        """Load (or share) the run's model, add its adapter, build its trainer."""
+        self.specs[spec.name] = spec
+        config = spec.config
+        run_dir = self.layout.run_dir(spec.name)
+        config.output_dir = str(run_dir)
+        if is_gang_config(config):
+            return self._build_gang(spec, run_dir)
+        model = spec.trainer_kwargs["model"]
+        peft_config = spec.trainer_kwargs.get("peft_config")
+        init_kwargs = dict(config.model_init_kwargs or {})
+        quantization_config = self.shared.get("quantization_config")
+        if quantization_config is not None and isinstance(model, str):
+            init_kwargs["quantization_config"] = quantization_config
+        group = self.pool.group(model, peft_config=peft_config, model_init_kwargs=init_kwargs,
+                                trust_remote_code=config.trust_remote_code)
+        group.runs.append(spec.name)
+        if isinstance(model, str):
+            config.model_init_kwargs = None  # loaded once by the pool, not by each trainer
+        _check_group_agrees(group, spec.name, config)
+        if config.neftune_noise_alpha is not None and len(group.runs) > 1:
+            raise RFConfigError(
+                f"{spec.name}: neftune_noise_alpha adds a hook to the shared base model's "
+                "embeddings for the length of train(), which would leak into the other runs "
+                "sharing it. Compare NEFTune settings in separate experiments for now."
+            )
+        if spec.trainer_kwargs.get("processing_class") is None and group.processing_class is None:
+            group.processing_class = _load_processing_class(group.base, config)
+
+        if peft_config is not None:
+            adapter = adapter_name(spec.index)
+            params = group.add_adapter(adapter, peft_config, seed=config.seed)
+            group.model.set_adapter(adapter)
+            resident = True
+        else:
+            adapter = None
+            params = [p for p in group.model.parameters() if p.requires_grad]
+            if len(group.runs) == 2 and group.initial_weights is None:
+                # A second full fine-tuning run of this model: keep the starting weights, each
+                # later run starts from a copy of them.
+                group.initial_weights = [p.detach().to("cpu", copy=True) for p in params]
+            resident = len(group.runs) == 1
+        trainer = self._trainer(spec, group, adapter)
+        return self._new_run(spec, trainer, run_dir, group=group, adapter=adapter,
+                             params=params, resident=resident)
+
+    def _build_gang(self, spec: RunSpec, run_dir: Path) -> NewRun:
+        """An FSDP run: trained by all workers of the launch together, as plain TRL trains
+        it under ``accelerate launch`` (its own model, loaded and sharded by its trainer; no
+        sharing with the single-device runs)."""
+        worker = current_worker()
+        if not worker.launched:
+            raise RFConfigError(
+                f"{spec.name} sets fsdp: an FSDP run is trained by all the workers of a launch "
+                "together. Start the script with `accelerate launch --num_processes N` (or "
+                "torchrun), N >= 2, or remove fsdp/fsdp_config to train it on one device."
+            )
+        if not isinstance(spec.trainer_kwargs.get("model"), str):
+            raise RFConfigError(
+                f"{spec.name} sets fsdp: pass the model as a name or path, so that its trainer "
+                "loads and shards its own copy."
+            )
+        trainer = self._gang_trainer(spec)
+        return self._new_run(spec, trainer, run_dir, group=None, adapter=None, params=[],
+                             resident=False, gang=worker.world_size)
+
+    def _new_run(self, spec: RunSpec, trainer: Any, run_dir: Path, **fields: Any) -> NewRun:
+        tracked = dict(spec.config.to_dict())
+        tracked.update({k: describe_value(v) for k, v in spec.knobs.items() if k not in tracked})
+        return NewRun(
+            name=spec.name, index=spec.index, knobs=spec.knobs, trainer=trainer,
+            num_chunks=self.raw_args.get("num_chunks", 1), run_dir=run_dir,
+            chunk_eval=self.strategy(spec, "eval_strategy") == CHUNK,
+            chunk_save=self.strategy(spec, "save_strategy") == CHUNK, tracked=tracked, **fields,
+        )
+
+    def _trainer(self, spec: RunSpec, group: Any, adapter: str | None) -> Any:
+        kw = dict(spec.trainer_kwargs)
+        for key in ("model", "peft_config"):
+            kw.pop(key, None)
+        if kw.get("processing_class") is None:
+            kw["processing_class"] = group.processing_class
+        # The trainer moves the model to the device: make room for it there first.
+        self.pool.make_room(group, spec.config.device)
+        with building_in(World.ONE):
+            return self.trainer_class(model=group.model, args=spec.config, rf_adapter=adapter,
+                                      **self._trainer_kwargs(kw))
+
+    def _gang_trainer(self, spec: RunSpec) -> Any:
+        """A gang run's trainer, as plain TRL builds it (it loads its own model), in the
+        launch's world; accelerate's state stays as the trainer left it (its run's)."""
+        with building_in(World.LAUNCH, spec.config):
+            return self.trainer_class(args=spec.config, rf_adapter=None,
+                                      **self._trainer_kwargs(spec.trainer_kwargs))
+
+    def _trainer_kwargs(self, own: dict[str, Any]) -> dict[str, Any]:
+        """A run's trainer arguments: the shared ones (the pool applies the quantization
+        config when it loads a model), the run's own, and its own copies of the callbacks."""
+        kwargs = {k: v for k, v in self.shared.items() if k != "quantization_config"}
+        kwargs.update(own)
+        kwargs["callbacks"] = copy_callbacks(self.shared.get("callbacks"))
+        return kwargs
+
+    # ------------------------------------------------------------------ the engine's factory
+
+    def rebuild(self, slot: RunSlot) -> Any:
+        """A fresh trainer for a run that continues from its checkpoint (it was trained by
+        another worker, or by the process before a crash), on the same model and adapter."""
+        spec = self.specs[slot.name]
+        if slot.gang:
+            return self._gang_trainer(spec)
+        return self._trainer(spec, slot.group, slot.adapter)
+
+    def clone(self, parent: RunSlot, op: Op, *, name: str, trusted: bool) -> NewRun:
+        """Build the run an op ``clone``/``clone-warm`` asks for (between two chunks).
+
+        ``trusted``: the op is the script's own (a Python call, a policy); an op from a tag,
+        the CLI or the state file may change training hyperparameters only, plus what the
+        config's ``clone_overrides`` allows (see :mod:`trl_rapidfire.trust`)."""
+        spec = self.specs.get(parent.name)
+        if spec is None:
+            raise OpError(f"{parent.name} never had a trainer; it cannot be cloned")
+        args = self.args
+        config_fields = (args.raw_values() if isinstance(args, RFConfigMixin)
+                         else {f.name: getattr(args, f.name) for f in dataclasses.fields(args)})
+        knob_specs = dict(getattr(args, "knobs", {}))
+        knob_specs.update({k: v for k, v in self.knob_args.items() if is_knob(v)})
+        overrides = resolve_overrides(
+            op.overrides, parent.knobs, knob_specs, config_fields, spec.trainer_kwargs,
+            untrusted=not trusted, allowed=tuple(getattr(args, "clone_overrides", None) or ()),
+            config_class=type(args),
+        )
+        knobs = {**parent.knobs, **overrides}
+        try:
+            new_spec = Search.build_run(name, run_index(name), knobs, args, spec.trainer_kwargs)
+        except SearchError as err:
+            raise OpError(f"invalid clone of {parent.name}: {err}") from None
+        if op.warm:
+            _check_warm_start(parent.name, spec.trainer_kwargs, new_spec.trainer_kwargs)
+            if bool(parent.gang) != is_gang_config(new_spec.config):
+                raise OpError(f"{parent.name}: a warm start between an FSDP run and a "
+                              "single-device run is not supported (the one's weights and "
+                              "moments are sharded over the gang, the other's are whole); use "
+                              "`clone`, or keep the parent's fsdp settings")
+        try:
+            # Accelerate's state stays as the trainer's build left it: the engine records it
+            # as the clone's starting point when it registers the clone.
+            return self.build(new_spec)
+        except Exception as err:  # noqa: BLE001 - reported as the op's result
+            self.undo(name)
+            raise OpError(f"could not build {name}: {type(err).__name__}: {err}") from None
+
+    def undo(self, name: str) -> None:
+        """Take back a run whose build failed half-way (its adapter, its group entry)."""
+        self.specs.pop(name, None)
+        index = run_index(name)
+        for group in self.pool.groups.values():
+            if name in group.runs:
+                group.runs.remove(name)
+            if index is not None:
+                group.delete_adapter(adapter_name(index))
+
+
+def _check_group_agrees(group: Any, run: str, config: Any) -> None:
+    values = {f: getattr(config, f) for f in _SHARED_SETTINGS if hasattr(config, f)}
+    first = group.settings
+    if first is None:
+        group.settings = (run, values)
+        return
+    other, theirs = first
+    for field_name, value in values.items():
+        if field_name in theirs and theirs[field_name] != value:
+            raise RFConfigError(
+                f"{run} sets {field_name}={value!r} but {other}, which shares its base model, "
+                f"sets {field_name}={theirs[field_name]!r}. The trainer applies it to the "
+                "shared model or tokenizer, so runs of one model must agree: make it a single "
+                "value, or give these runs different models."
+            )
+
+
+def _check_warm_start(parent: str, before: dict[str, Any], after: dict[str, Any]) -> None:
+    if after.get("model") is not before.get("model") and after.get("model") != before.get(
+        "model"
+    ):
+        raise OpError(f"warm start from {parent} across a change of base model is not possible; "
+                      "use `clone` to train from scratch")
+    old, new = before.get("peft_config"), after.get("peft_config")
+    if (old is None) != (new is None):
+        raise OpError(f"warm start from {parent} between LoRA and full fine-tuning is not "
+                      "possible; use `clone`")
+    if old is not None:
+        changed = [f for f in _SHAPE_FIELDS if getattr(old, f, None) != getattr(new, f, None)]
+        if changed:
+            raise OpError(f"warm start from {parent}: {changed} change the adapter's shape; "
+                          "use `clone` to train it from scratch")
+
+
+def _load_processing_class(base_model: Any, config: Any) -> Any:
+    from transformers import AutoProcessor
+    from trl.trainer.utils import get_config_model_id
+
+    revision = (config.model_init_kwargs or {}).get("revision")
+    return AutoProcessor.from_pretrained(
+        get_config_model_id(base_model.config),
+        revision=revision,
+        trust_remote_code=config.trust_remote_code,
+    )

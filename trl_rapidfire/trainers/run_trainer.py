@@ -1,0 +1,309 @@
+"""One run's trainer: a plain TRL trainer plus :class:`RunTrainerMixin`, which implements the
+engine's :class:`~trl_rapidfire.engine.run_trainer.RunTrainer` protocol (chunk plan hooks,
+boundary checkpoints, warm starts, loading another worker's final weights) with the Trainer's
+own saving and loading routines."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PrinterCallback, ProgressCallback
+from transformers.integrations import MLflowCallback
+
+from ..durable import commit_folder, start_folder
+from ..models import adapter_params
+
+__all__ = ["RunTrainerMixin", "copy_callbacks"]
+
+
+class RunTrainerMixin:
+    """Mixed into a TRL trainer class to make one run's trainer.
+
+    * With a shared multi-adapter model, checkpoints and ``save_model`` write only this run's
+      adapter, at the folder root, exactly as a plain trainer of a single-adapter model does.
+    * FLOPs are counted over the base model and this run's adapter only.
+    * The Trainer's own progress bar and log printer are removed: the experiment shows one bar.
+    """
+
+    def __init__(self, *args: Any, rf_adapter: str | None = None, **kwargs: Any) -> None:
+        self._rf_adapter = rf_adapter
+        self._rf_flop_params: int | None = None
+        model = kwargs.get("model", args[0] if args else None)
+        with _as_if_trl_made_the_adapter(model, rf_adapter):
+            super().__init__(*args, **kwargs)
+        for cb in (ProgressCallback, PrinterCallback, MLflowCallback):
+            self.remove_callback(cb)  # one bar for the experiment; MLflow is the engine's
+        try:
+            from transformers.utils.notebook import NotebookProgressCallback
+
+            self.remove_callback(NotebookProgressCallback)
+        except ImportError:  # pragma: no cover - notebook extras missing
+            pass
+
+    def rf_step_multiple(self) -> int:
+        """Chunk boundaries fall on multiples of this many optimizer steps (GRPO: whole
+        generation cycles)."""
+        return 1
+
+    def rf_num_batches(self) -> int | None:
+        """Batches per epoch of the dataloader ``train()`` will build, when the dataset's
+        length over the batch size is not it (GRPO); ``None``: it is."""
+        return None
+
+    def rf_stateful(self) -> list[Any]:
+        """Objects shared with other runs that keep state; none by default (GRPO: stateful
+        reward functions)."""
+        return []
+
+    def rf_load_final(self, folder: Path, state: Any) -> None:
+        """Make the final weights in ``folder`` (another worker's) and the trainer state
+        ``state`` this trainer's live ones, with the Trainer's own loading routine."""
+        self._load_from_checkpoint(str(folder))
+        self.state = state
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The Trainer's ``save_model``; under FSDP with a sharded state dict it saves the
+        gathered weights (transformers writes nothing there: the shards are in checkpoints),
+        as with ``FULL_STATE_DICT``, so a run's final folder always holds its adapter."""
+        if not _internal_call and _fsdp_sharded_state_dict(self):
+            state_dict = self.accelerator.get_state_dict(self.model)  # a collective
+            self._save(output_dir if output_dir is not None else self.args.output_dir,
+                       state_dict=state_dict)
+            return
+        super().save_model(output_dir, _internal_call=_internal_call)
+
+    def rf_warm_start_from(self, checkpoint: Path) -> None:
+        """Inside ``train()``, before the first step: start from the weights and optimizer
+        moments in another run's boundary checkpoint (a warm clone of an FSDP run), read by the
+        Trainer's own resume routines, which know FSDP's sharded and gathered layouts. The
+        run keeps its own hyperparameters (the optimizer's param groups), LR schedule, data
+        order and step count."""
+        self._load_from_checkpoint(str(checkpoint), self.model_wrapped)
+        own_groups = [{k: v for k, v in g.items() if k != "params"}
+                      for g in self.optimizer.param_groups]
+        schedule = copy.deepcopy(self.lr_scheduler.state_dict())
+        self._load_optimizer_and_scheduler(str(checkpoint))
+        for group, own in zip(self.optimizer.param_groups, own_groups):
+            group.update(own)
+        self.lr_scheduler.load_state_dict(schedule)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        adapter = self._rf_adapter
+        if adapter is None:
+            return super()._save(output_dir, state_dict)
+        model = self.model
+        save_all = model.save_pretrained
+
+        def save_own_adapter(save_directory: str, **kwargs: Any) -> None:
+            # PEFT writes a non-"default" adapter into a subfolder named after it; write it
+            # beside, then move the files to the root where a single-adapter model keeps them.
+            kwargs["selected_adapters"] = [adapter]
+            Path(save_directory).mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=save_directory, prefix=".rf-save-") as tmp:
+                save_all(tmp, **kwargs)
+                for folder in (Path(tmp) / adapter, Path(tmp)):
+                    if not folder.is_dir():
+                        continue
+                    for f in folder.iterdir():
+                        if f.is_file():
+                            os.replace(f, Path(save_directory) / f.name)
+
+        model.save_pretrained = save_own_adapter
+        try:
+            super()._save(output_dir, state_dict)
+        finally:
+            del model.save_pretrained
+
+    def _rf_state_to_save(self) -> Any:
+        """A copy of the trainer state with the stateful callbacks' states in it, as the
+        Trainer's own checkpoints record them."""
+        from transformers.trainer_callback import ExportableState
+
+        state = copy.deepcopy(self.state)
+        exported: dict[str, list[Any]] = {}
+        for cb in self.callback_handler.callbacks + [self.control]:
+            if isinstance(cb, ExportableState):
+                exported.setdefault(cb.__class__.__name__, []).append(cb.state())
+        for name, states in exported.items():
+            state.stateful_callbacks[name] = states if len(states) > 1 else states[0]
+        return state
+
+    def _rf_save_rng(self, folder: Path, rng: Any = None) -> None:
+        """The Trainer's ``rng_state*.pth`` in ``folder``: of the current random streams, or
+        of ``rng`` when given (the current ones are put back after)."""
+        if rng is None:
+            self._save_rng_state(str(folder))
+            return
+        from ..switch import RngState
+
+        now = RngState.capture()
+        rng.restore()
+        try:
+            self._save_rng_state(str(folder))
+        finally:
+            now.restore()
+
+    def rf_save_gang_boundary(self, target: Path, rng: Any = None) -> Path:
+        """A gang run's checkpoint at a chunk boundary, written now by every member together
+        with the Trainer's own routines (they know FSDP: sharded or gathered weights and
+        optimizer state; each member's random streams in ``rng_state_<rank>.pth``)."""
+        from transformers.trainer import TRAINER_STATE_NAME
+
+        from ..durable import write_atomically_together
+
+        def write(tmp: Path) -> None:
+            self.store_flos()
+            self.save_model(str(tmp), _internal_call=True)
+            self._save_optimizer_and_scheduler(str(tmp))
+            self._save_scaler(str(tmp))
+            self._rf_save_rng(tmp, rng)
+            if self.args.should_save:
+                self._rf_state_to_save().save_to_json(str(tmp / TRAINER_STATE_NAME))
+                torch.save(self.args, tmp / "training_args.bin")
+
+        return write_atomically_together(target, write)
+
+    def rf_save_boundary(self, target: Path, rng: Any = None) -> Callable[[], Path]:
+        """Start this run's checkpoint at a chunk boundary; returns what finishes it.
+
+        The layout is the Trainer's own (``train(resume_from_checkpoint=target)`` reads it),
+        without what ``_save_checkpoint`` adds around it (rotating the user's checkpoints,
+        pushing to the Hub, best-model bookkeeping, the tokenizer and PEFT's model card).
+
+        Called in the run's turn: what can change later is captured now (references to the
+        adapter weights and optimizer state, which only this run's next turn changes; copies
+        of the small rest) and the random streams are written. The returned function writes
+        those and renames the folder to ``target`` (atomically); it may run on another thread
+        while other runs train, because this run's tensors do not change until its next turn,
+        which waits for it. A full fine-tuning run's weights are written now.
+
+        ``rng``: the random streams to record, when they are not the current ones (a boundary
+        at an epoch end must record them as they were before the next epoch shuffled its data,
+        which is where the Trainer puts them back on resume).
+        """
+        from safetensors.torch import save_file
+        from transformers.trainer import TRAINER_STATE_NAME
+
+        tmp = start_folder(target)
+        try:
+            self.store_flos()
+            model = self.model
+            adapter = self._rf_adapter
+            if adapter is None:
+                self.save_model(str(tmp), _internal_call=True)
+                weights = None
+            else:
+                from peft import get_peft_model_state_dict
+
+                weights = get_peft_model_state_dict(model, adapter_name=adapter)
+                model.peft_config[adapter].save_pretrained(str(tmp))
+            optimizer = self.optimizer.state_dict()
+            scheduler = copy.deepcopy(self.lr_scheduler.state_dict())
+            self._save_scaler(str(tmp))
+            self._rf_save_rng(tmp, rng)
+            state = self._rf_state_to_save()
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+        def finish() -> Path:
+            try:
+                if weights is not None:
+                    save_file({k: v.contiguous() for k, v in weights.items()},
+                              str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+                torch.save(optimizer, tmp / "optimizer.pt")
+                torch.save(scheduler, tmp / "scheduler.pt")
+                torch.save(self.args, tmp / "training_args.bin")
+                state.save_to_json(str(tmp / TRAINER_STATE_NAME))
+                return commit_folder(tmp, target)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+
+        return finish
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        # The Trainer's estimate (6 x input tokens x non-embedding parameters), counting this
+        # run's adapter only, as a model holding just that adapter would.
+        main_input = getattr(self.model, "main_input_name", "input_ids")
+        if self._rf_adapter is None or main_input not in inputs:
+            return super().floating_point_ops(inputs)
+        if self._rf_flop_params is None:
+            self._rf_flop_params = _count_params_of(self.model, self._rf_adapter)
+        return 6 * inputs[main_input].numel() * self._rf_flop_params
+
+
+def _fsdp_sharded_state_dict(trainer: Any) -> bool:
+    """Whether ``trainer`` is an FSDP trainer whose checkpoints hold weights per shard."""
+    if not getattr(trainer, "is_fsdp_enabled", False):
+        return False
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    return plugin is not None and "FULL_STATE_DICT" not in str(plugin.state_dict_type)
+
+
+@contextlib.contextmanager
+def _as_if_trl_made_the_adapter(model: Any, adapter: str | None) -> Any:
+    """Build a TRL trainer on the shared model as if it had wrapped the model itself.
+
+    Given a ``PeftModel`` and no reference model, DPO and GRPO assume the user brought a
+    *pretrained* adapter named ``"default"`` and add a frozen copy of it, ``"ref"``, as the
+    reference. A plain trainer given ``peft_config`` creates the adapter itself and uses the
+    base model (adapters disabled) as the reference. The run's adapter is the latter kind, so
+    for the length of the trainer's construction ``"default"`` names it and adding ``"ref"`` is
+    skipped: the reference is the shared base model, with no per-run copy.
+    """
+    if adapter is None or not hasattr(model, "peft_config"):
+        yield
+        return
+    configs = model.peft_config
+    added = "default" not in configs
+    if added:
+        configs["default"] = configs[adapter]
+    model.add_adapter = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        del model.add_adapter
+        if added:
+            del configs["default"]
+
+
+def _count_params_of(peft_model: Any, adapter: str) -> int:
+    """What ``num_parameters(exclude_embeddings=True)`` gives on a model holding only
+    ``adapter``: the base model's non-embedding weights plus that adapter's."""
+    others = {
+        id(p) for name in peft_model.peft_config if name != adapter
+        for p in adapter_params(peft_model, name)
+    }
+    embeddings = {
+        id(m.weight) for m in peft_model.modules() if isinstance(m, torch.nn.Embedding)
+    }
+    return sum(p.numel() for p in peft_model.parameters()
+               if id(p) not in others and id(p) not in embeddings)
+
+
+def copy_callbacks(callbacks: Sequence[Any] | None) -> list[Any] | None:
+    if callbacks is None:
+        return None
+    out = []
+    for cb in callbacks:
+        if isinstance(cb, type):
+            out.append(cb)  # a class: each trainer instantiates its own
+            continue
+        try:
+            out.append(copy.deepcopy(cb))
+        except Exception as err:
+            raise TypeError(
+                f"Callback {cb!r} cannot be copied ({type(err).__name__}: {err}); every run "
+                "needs its own copy so runs do not share callback state. Make it copyable "
+                "with copy.deepcopy, or pass its class instead of an instance."
+            ) from err
+    return out
