@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from trl_rapidfire import List, RFConfigError, RFSFTConfig, RFSFTTrainer
+from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
 from trl_rapidfire.runs import RunStatus
 from trl_rapidfire.schedule import read_schedule_csv
 from trl_rapidfire.testing import (
@@ -123,10 +123,21 @@ def test_ctrl_c_stop_and_resume_across_sessions_end_bitwise_equal(tmp_path):
     assert losses == ref_losses
 
 
-def test_rerun_with_other_configs_is_a_clear_error(tmp_path):
-    _session(tmp_path / "exp", max_steps=2).train()
-    with pytest.raises(RFConfigError, match="other runs.*another output_dir"):
-        _session(tmp_path / "exp", max_steps=3)
+def test_rerun_with_other_configs_moves_the_old_experiment_aside_and_starts_afresh(tmp_path):
+    first = _session(tmp_path / "exp", max_steps=2)
+    first.train()
+    kept = {run: _adapter(tmp_path / "exp", run) for run in ("run-0", "run-1")}
+    with pytest.warns(UserWarning, match=r"held another experiment.*moved, whole, to"):
+        second = _session(tmp_path / "exp", max_steps=3)
+    second.train()
+    (old,) = (tmp_path / "exp" / "previous").iterdir()
+    for run in ("run-0", "run-1"):  # nothing of the old experiment was lost
+        _assert_same(kept[run], _adapter(old, run))
+    assert [r.global_step for r in second.runs] == [3, 3]  # not continued from step 2
+    fresh = _session(tmp_path / "fresh", max_steps=3)
+    fresh.train()
+    for run in ("run-0", "run-1"):
+        _assert_same(_adapter(tmp_path / "fresh", run), _adapter(tmp_path / "exp", run))
 
 
 def test_a_warm_clone_survives_an_interrupted_session_and_ends_as_if_uninterrupted(tmp_path):

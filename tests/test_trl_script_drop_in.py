@@ -50,7 +50,12 @@ def test_trl_sft_script_with_the_two_names_swapped(tmp_path, monkeypatch):
     parser = sft.make_parser()
     sft.main(*parser.parse_args_and_config(fail_with_unknown_args=False))
 
-    (trainer,) = created
+    # A method patched on the RF class reaches the runs' trainers too (their class has it in
+    # its MRO): the script's trainer is the one that is not a run's.
+    from trl_rapidfire.trainers.run_trainer import RunTrainerMixin
+
+    (trainer,) = [t for t in created if not isinstance(t, RunTrainerMixin)]
+    assert len(created) > 1
     assert [r.status for r in trainer.runs] == [RunStatus.COMPLETED] * 2
     assert [r.knobs for r in trainer.runs] == [{"learning_rate": 1e-3}, {"learning_rate": 3e-3}]
     assert (tmp_path / "out" / "adapter_model.safetensors").is_file()  # save_model(): best run

@@ -179,11 +179,13 @@ def test_a_worker_that_dies_is_replaced_by_the_others(reference, tmp_path):
     _assert_same_adapters(reference, out)
 
 
-def test_rerun_with_other_configs_is_refused_before_training(reference, tmp_path):
+def test_rerun_with_other_configs_under_a_launch_is_refused_before_training(reference, tmp_path):
+    # Alone, a process moves the other experiment aside (test_resume.py); under a launch
+    # every worker would, so it is refused.
     out = tmp_path / "exp"
     shutil.copytree(reference, out)
     env = _env(tmp_path, RF_TEST_ROWS="64")  # other data: another experiment
-    proc = subprocess.run(_script(out, 1), env=env, cwd=tmp_path, capture_output=True,
+    proc = subprocess.run(_script(out, 2), env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode != 0
     assert "belongs to an experiment with other runs" in proc.stderr

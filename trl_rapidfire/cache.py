@@ -92,7 +92,7 @@ class StateCache:
     Args:
         budget_bytes: most tensor/array bytes held in memory; least recently used entries are
             spilled to ``spill_dir`` beyond it. ``0`` spills everything.
-        spill_dir: folder for spilled entries (created if missing). Complete entries already
+        spill_dir: folder for spilled entries (created at the first spill). Complete entries already
             there (from a previous process) are registered as on-disk entries; leftovers of
             interrupted writes are removed. One cache uses a folder at a time.
         pin_memory: copy tensors into page-locked memory for fast uploads; default: when CUDA
@@ -118,10 +118,11 @@ class StateCache:
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
         self._bytes = 0
-        self.spill_dir.mkdir(parents=True, exist_ok=True)
         self._scan()
 
     def _scan(self) -> None:
+        if not self.spill_dir.is_dir():
+            return  # made at the first spill: an experiment writes nothing before it trains
         for folder in sorted(self.spill_dir.iterdir()):
             if folder.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
                 shutil.rmtree(folder, ignore_errors=True)  # an interrupted write or removal
@@ -254,6 +255,7 @@ class StateCache:
     def _spill(self, key: str) -> None:
         entry = self._entries[key]
         if not entry.on_disk:
+            self.spill_dir.mkdir(parents=True, exist_ok=True)
             save_tree(entry.tree, self.folder(key), meta={"key": key, "nbytes": entry.nbytes})
             entry.on_disk = True
         entry.tree, entry.in_memory = None, False

@@ -10,6 +10,8 @@ Everything under ``<output_dir>``::
     .rapidfire/checkpoints/<run>/  its boundary checkpoints (checkpoint-<step>)
     .rapidfire/warm/<run>/         a warm clone's starting state
     .rapidfire/cache/              parked run state spilled to disk (cache.py)
+    previous/<time>/               an earlier, different experiment of this output_dir,
+                                   moved aside when this one started (nothing is deleted)
 
 Every path built from a run name is checked to stay inside ``<output_dir>``
 (:func:`trl_rapidfire.trust.inside`): names also come from files.
@@ -18,6 +20,7 @@ Every path built from a run name is checked to stay inside ``<output_dir>``
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +103,30 @@ class Layout:
     def warm_dir(self, run: str) -> Path:
         """Where a warm clone's starting state is kept for the other workers and re-runs."""
         return self._own(self.state_dir / "warm" / check_run_name(run))
+
+    @property
+    def previous_root(self) -> Path:
+        """``previous/``: earlier experiments of this output_dir, moved aside, one folder each."""
+        return self.output_dir / "previous"
+
+    def move_aside(self) -> Path | None:
+        """Move this folder's experiment (its state, schedule, op log and runs) into a new
+        folder under ``previous/``, named for the time; nothing is deleted. Returns that
+        folder, or ``None`` if there was nothing to move."""
+        present = [p for p in (self.state_dir, self.schedule, self.ops_log, self.runs_root)
+                   if p.exists()]
+        if not present:
+            return None
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        target = self.previous_root / stamp
+        n = 1
+        while target.exists():
+            n += 1
+            target = self.previous_root / f"{stamp}-{n}"
+        target.mkdir(parents=True)
+        for path in present:
+            os.replace(path, target / path.name)
+        return target
 
     def _own(self, path: Path) -> Path:
         inside(self.output_dir, path)

@@ -363,22 +363,32 @@ class FileStore:
         folder: ``<output_dir>/.rapidfire`` (created if missing).
         fingerprint: the expanded runs' fingerprint; opening a state made for other runs is a
             :class:`StoreError`.
+        create: create the folder and the state now (else at the first transaction: building
+            an experiment writes nothing before it trains).
     """
 
-    def __init__(self, folder: str | os.PathLike, fingerprint: str) -> None:
+    def __init__(self, folder: str | os.PathLike, fingerprint: str, *,
+                 create: bool = True) -> None:
         self.folder = Path(folder)
         self.path = self.folder / "scheduler.json"
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise ExperimentFault(fault_message("the shared state", self.folder,
-                                                disk_fault(err, ours=True) or str(err))) from err
         # One lock object per process (flock is per open file); thread_local keeps threads
         # of one process excluded from each other too.
         self._lock = FileLock(str(self.path) + ".lock", is_singleton=True)
         self.fingerprint = fingerprint
-        with self.transaction():
-            pass
+        if create:
+            with self.transaction():
+                pass
+
+    def recorded_fingerprint(self) -> str | None:
+        """The fingerprint of the experiment whose state is in ``folder`` (``None``: none is),
+        read without writing anything; :class:`StoreError` if the file is not a state."""
+        if not self.path.exists():
+            return None
+        try:
+            doc = json.loads(self.path.read_text("utf-8"))
+            return ExperimentState.from_json(doc).fingerprint
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, StoreError) as err:
+            raise StoreError(f"{self.path} is not a valid scheduler state: {err}") from None
 
     @contextlib.contextmanager
     def transaction(self, durable: bool = True) -> Iterator[ExperimentState]:
@@ -407,6 +417,11 @@ class FileStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ExperimentFault(fault_message("the shared state", self.folder,
+                                                disk_fault(err, ours=True) or str(err))) from err
         try:
             self._lock.acquire()
         except OSError as err:  # the folder became read-only or full: say which, once

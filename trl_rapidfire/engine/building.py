@@ -53,7 +53,7 @@ def _num_batches(trainer: RunTrainer, gang: int) -> int:
     return num_batches
 
 
-def new_slot(new: NewRun, *, checkpoints: Path) -> RunSlot:
+def new_slot(new: NewRun, *, checkpoints: Path, final_dir: Path) -> RunSlot:
     """The record of a freshly built run (not attached to its trainer yet)."""
     trainer = new.trainer
     step_multiple = trainer.rf_step_multiple()
@@ -64,7 +64,7 @@ def new_slot(new: NewRun, *, checkpoints: Path) -> RunSlot:
         adapter=new.adapter, residency=Residency(key=new.name, params=list(new.params)),
         plan=plan, run_dir=Path(new.run_dir), chunk_eval=new.chunk_eval,
         chunk_save=new.chunk_save, step_multiple=step_multiple, num_chunks=new.num_chunks,
-        gang=new.gang, checkpoints=checkpoints,
+        gang=new.gang, checkpoints=checkpoints, final_dir=final_dir,
     )
     # A gang run's own model (sharded by its trainer) stays where it is: nothing to park.
     slot.residency.resident = new.resident and not new.gang

@@ -57,11 +57,12 @@ class ChunkCallback(TrainerCallback):
             if state.global_step == 0:
                 slot.trainer.rf_warm_start_from(slot.warm_checkpoint)
             slot.warm_checkpoint = None
-        if train_dataloader is not None and hasattr(train_dataloader, "__len__"):
+        batches = _length(train_dataloader)
+        if batches is not None:
             # The dataloader the Trainer built is the truth (GRPO repeats every generation
             # batch, a sampler may drop batches): plan from it before the first step.
             plan = self.host.plan_for(
-                slot.name, len(train_dataloader), args, num_chunks=slot.num_chunks,
+                slot.name, batches, args, num_chunks=slot.num_chunks,
                 total_steps=state.max_steps, step_multiple=slot.step_multiple,
             )
             if plan != slot.plan:
@@ -106,3 +107,14 @@ class ChunkCallback(TrainerCallback):
         if self.slot.eval_rng is not None:
             self.slot.eval_rng.restore()
             self.slot.eval_rng = None
+
+
+def _length(dataloader: Any) -> int | None:
+    """Batches per epoch of ``dataloader``; ``None`` for streamed data (an
+    ``IterableDataset``: accelerate's loaders define ``__len__`` and raise)."""
+    if dataloader is None:
+        return None
+    try:
+        return len(dataloader)
+    except TypeError:
+        return None

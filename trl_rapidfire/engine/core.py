@@ -147,7 +147,8 @@ class Engine:
         """
         check_run_name(new.name)
         inside(self.output_dir, new.run_dir)  # names come from files too: never outside
-        slot = new_slot(new, checkpoints=self.layout.checkpoints(new.name))
+        slot = new_slot(new, checkpoints=self.layout.checkpoints(new.name),
+                        final_dir=self.layout.final_dir(new.name))
         self._turns.attach(slot, new.trainer)
         self.slots[new.name] = slot
         self._reporter.ensure_run(new.name, new.tracked, new.tags)

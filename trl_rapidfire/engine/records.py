@@ -20,7 +20,19 @@ __all__ = ["EngineStats", "RunFailure", "RunSlot", "WeightsAt"]
 
 
 class RunFailure(RuntimeError):
-    """Every run of the experiment failed; the message lists each run's error."""
+    """Every run of the experiment failed; the message lists each run's error.
+
+    ``exceptions``: each run's exception, by run name, where this process saw it raised (a run
+    failed on another worker is known by its message only); they are also the
+    ``__cause__`` (an ``ExceptionGroup``). An experiment of one run raises that run's own
+    exception instead."""
+
+    def __init__(self, message: str, exceptions: dict[str, BaseException] | None = None):
+        super().__init__(message)
+        self.exceptions = dict(exceptions or {})
+        errors = [e for e in self.exceptions.values() if isinstance(e, Exception)]
+        if errors:
+            self.__cause__ = ExceptionGroup("the runs' errors", errors)
 
 
 @dataclass
@@ -85,6 +97,10 @@ class RunSlot:
     last_op: str | None = None  # result of the last op applied to this run (this session)
     gang: int = 0  # > 0: trained by this many workers together (an FSDP run); 0: by one
     error_traceback: str | None = None
+    exception: BaseException | None = None  # what the run raised, in this process
+    # Where its final weights go (``runs/<run>/final``; ``run_dir`` is its TRL output_dir,
+    # the experiment's own output_dir when the experiment has one config, as in plain TRL).
+    final_dir: Path = None  # type: ignore[assignment]
     train_output: Any = None
     compute_seconds: float = 0.0
     # When the run's current turn (re)started computing (perf_counter).
@@ -124,19 +140,19 @@ class RunSlot:
     fault: str | None = None
 
     def __post_init__(self) -> None:
+        if self.final_dir is None:
+            self.final_dir = self.run_dir / "final"
         if self.state is None:
             self.state = RunState(name=self.name, knobs=dict(self.knobs))
 
     def record_error(self, exc: BaseException) -> None:
         """Keep why the run failed: one line for tags, warnings and tables, and the whole
         traceback for the log."""
+        self.exception = exc
         self.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         self.error_traceback = "".join(
             traceback.format_exception(type(exc), exc, exc.__traceback__))
 
-    @property
-    def final_dir(self) -> Path:
-        return self.run_dir / "final"
 
     def result(self) -> RunResult:
         if self.trainer is None:  # failed before its trainer existed

@@ -12,11 +12,10 @@ but does not train itself: it expands the knobs into runs, has the
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from transformers import TrainerCallback
@@ -26,9 +25,8 @@ from ..accelerate_state import left_as_found, restore_accelerate_state
 from ..cache import StateCache
 from ..configs import RFConfigError, RFConfigMixin
 from ..control import OpRecord
-from ..dataset_checks import dataset_fingerprint
 from ..engine import Engine, RunFailure
-from ..knobs import describe_value
+from ..fingerprint import experiment_fingerprint
 from ..layout import Layout
 from ..models import ModelPool
 from ..policies import as_policy
@@ -36,16 +34,25 @@ from ..results import RunResult, pick_best
 from ..schedule import ChunkRecord
 from ..search import GridSearch, RunSpec, Search
 from ..store import FileStore, StoreError
+from ..workers import current_worker
 from .run_builder import CHUNK, RunBuilder
 from .run_trainer import copy_callbacks
+from .subclassing import (
+    FORWARDED,
+    as_trl_on_runs,
+    check_overrides,
+    forward_to_best_run,
+    run_class_for,
+)
 
 __all__ = ["RFTrainerMixin", "default_output_dir", "rf_config_from", "trainer_arguments"]
 
 class RFTrainerMixin:
-    """The experiment-level trainer. Subclasses set :attr:`_run_trainer_class` and call
-    :meth:`_rf_setup` from ``__init__``."""
+    """The experiment-level trainer. Subclasses set :attr:`_rf_run_hooks` (the run trainer's
+    hooks of their kind, a :class:`~.run_trainer.RunTrainerMixin`) and call :meth:`_rf_setup`
+    from ``__init__``; a user's subclass of them is the class every run trains with."""
 
-    _run_trainer_class: type
+    _rf_run_hooks: type
     _rf_default_suffix: str = "RF"
     # The trainer arguments that may be knobs, in the order their axes are searched; every
     # other argument is shared by all runs.
@@ -86,15 +93,12 @@ class RFTrainerMixin:
         specs = search.expand(args, **knob_args)
         layout = Layout(args.output_dir)
         self._rf_pool = ModelPool()
-        builder = RunBuilder(trainer_class=self._run_trainer_class, args=args,
-                             shared=shared_args, knob_args=knob_args, pool=self._rf_pool)
+        check_overrides(type(self))
+        builder = RunBuilder(trainer_class=run_class_for(type(self), self._rf_run_hooks),
+                             args=args, shared=shared_args, knob_args=knob_args,
+                             pool=self._rf_pool, owner=self, single=len(specs) == 1)
         _check_specs(specs, shared_args, builder)
-        # Opening the shared state checks the runs against an experiment already in this
-        # output_dir (a re-run continues it; other configs are refused) before any model loads.
-        try:
-            store = FileStore(layout.state_dir, _fingerprint(specs, shared_args))
-        except StoreError as err:
-            raise RFConfigError(str(err)) from None
+        store = _open_store(layout, experiment_fingerprint(specs, shared_args))
         tracker = None
         if _tracks_to_mlflow(args):
             from ..tracking import Tracker
@@ -119,9 +123,9 @@ class RFTrainerMixin:
                     name=spec.name, index=spec.index, knobs=spec.knobs, error=err,
                     run_dir=layout.run_dir(spec.name), group=None,
                 )
-        if all(s.trainer is None for s in self._rf_engine.slots.values()):
-            detail = "\n".join(f"  {s.name}: {s.error}" for s in self._rf_engine.slots.values())
-            raise RunFailure(f"No run could be set up:\n{detail}")
+        slots = list(self._rf_engine.slots.values())
+        if all(s.trainer is None for s in slots):
+            _raise_failures("No run could be set up", slots)
 
     # ------------------------------------------------------------------ control ops
 
@@ -151,6 +155,7 @@ class RFTrainerMixin:
 
     # ------------------------------------------------------------------ training
 
+    @as_trl_on_runs
     def train(
         self,
         resume_from_checkpoint: str | bool | None = None,
@@ -245,8 +250,7 @@ class RFTrainerMixin:
         failures = engine.failures()
         best = self.best_run
         if best is None:
-            detail = "\n".join(f"  {name}: {err}" for name, err in failures.items())
-            raise RunFailure(f"Every run failed:\n{detail}")
+            _raise_failures("Every run failed", list(engine.slots.values()), failures)
         if failures:
             names = ", ".join(f"{n} ({e})" for n, e in failures.items())
             warnings.warn(f"{len(failures)} run(s) failed: {names}", RuntimeWarning, stacklevel=2)
@@ -308,6 +312,7 @@ class RFTrainerMixin:
 
     # ------------------------------------------------------------------ the best run's face
 
+    @as_trl_on_runs
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the best run's adapter (or model) only, to ``output_dir`` (default: the
         experiment's ``output_dir``), in the layout its plain TRL trainer would write."""
@@ -315,23 +320,27 @@ class RFTrainerMixin:
         with self._rf_as_current() as trainer:
             trainer.save_model(target, _internal_call=_internal_call)
 
+    @as_trl_on_runs
     def end(self) -> None:
         """Finish every run's trackers (the Trainer's ``end()``, once per run)."""
         for slot in self._rf_engine.slots.values():
             if slot.trainer is not None and hasattr(slot.trainer, "end"):
                 slot.trainer.end()
 
+    @as_trl_on_runs
     def add_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> None:
         """Add a callback to every run (a copy each)."""
         for slot in self._rf_engine.slots.values():
             slot.trainer.add_callback(copy_callbacks([callback])[0])
 
+    @as_trl_on_runs
     def remove_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> None:
         """Remove a callback (by class) from every run."""
         cls = callback if isinstance(callback, type) else type(callback)
         for slot in self._rf_engine.slots.values():
             slot.trainer.remove_callback(cls)
 
+    @as_trl_on_runs
     def pop_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> Any:
         """Remove a callback (by class) from every run; returns the best run's copy."""
         cls = callback if isinstance(callback, type) else type(callback)
@@ -345,25 +354,46 @@ class RFTrainerMixin:
             raise AttributeError(name)
         return getattr(self._rf_current(), name)
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        own = {n for klass in cls.__mro__ if issubclass(klass, RFTrainerMixin)
-               for n in vars(klass)}
-        for name in dir(cls):
-            if name.startswith("_") or name in own:
-                continue
-            if callable(getattr(cls, name, None)) and not isinstance(getattr(cls, name), type):
-                setattr(cls, name, _delegate(name))
+
+for _name in FORWARDED:
+    setattr(RFTrainerMixin, _name, forward_to_best_run(_name))
 
 
-def _delegate(name: str) -> Callable[..., Any]:
-    def method(self: RFTrainerMixin, *args: Any, **kwargs: Any) -> Any:
-        with self._rf_as_current() as trainer:
-            return getattr(trainer, name)(*args, **kwargs)
+def _raise_failures(what: str, slots: list[Any], errors: dict[str, str] | None = None) -> None:
+    """Raise why no run is left: one run's own exception when the experiment has one run (as
+    its TRL trainer would raise it), else a :class:`RunFailure` listing every run's."""
+    if len(slots) == 1 and slots[0].exception is not None:
+        raise slots[0].exception
+    errors = errors or {s.name: s.error for s in slots}
+    detail = "\n".join(f"  {name}: {err}" for name, err in errors.items())
+    raise RunFailure(f"{what}:\n{detail}",
+                     {s.name: s.exception for s in slots if s.exception is not None})
 
-    method.__name__ = name
-    method.__doc__ = f"``{name}`` of the best run's trainer (before ``train()``: the first run's)."
-    return method
+
+def _open_store(layout: Layout, fingerprint: str) -> FileStore:
+    """The experiment's shared state, not created yet (nothing is written before ``train()``).
+
+    An experiment already in ``output_dir`` with the same runs is continued (a re-run after a
+    crash or a stop). One with other runs is moved aside, whole, into ``previous/`` with a
+    warning, as plain TRL would simply train in that folder; under a launch it is refused
+    instead, since every worker would move it."""
+    store = FileStore(layout.state_dir, fingerprint, create=False)
+    try:
+        recorded = store.recorded_fingerprint()
+    except StoreError as err:
+        raise RFConfigError(str(err)) from None
+    if recorded is None or recorded == fingerprint:
+        return store
+    if current_worker().launched:
+        raise RFConfigError(
+            f"{store.path} belongs to an experiment with other runs (fingerprint "
+            f"{recorded[:12]}, these runs {fingerprint[:12]}): use another output_dir, run "
+            "the configs it was made for, or start this one once without a launch (which "
+            "moves the other aside).")
+    moved = layout.move_aside()
+    warnings.warn(f"{layout.output_dir} held another experiment (other runs); it was moved, "
+                  f"whole, to {moved}. This one starts afresh.", UserWarning, stacklevel=4)
+    return store
 
 
 def _check_specs(specs: Sequence[RunSpec], shared_args: dict[str, Any],
@@ -384,32 +414,6 @@ def _check_specs(specs: Sequence[RunSpec], shared_args: dict[str, Any],
                 "and needs an eval_dataset; pass eval_dataset=... or use eval_strategy='no'."
             )
     copy_callbacks(shared_args.get("callbacks"))  # fail before any model is loaded
-
-
-# Config fields that name places or secrets, not training: they may differ between two
-# launches of the same experiment.
-_NOT_FINGERPRINTED = frozenset({"output_dir", "logging_dir", "hub_token", "run_name",
-                                "push_to_hub_token", "hub_model_id", "report_to",
-                                "disable_tqdm", "dataloader_num_workers"})
-
-
-def _fingerprint(specs: Sequence[RunSpec], shared: dict[str, Any]) -> str:
-    """Identifies the expanded runs: their names, knobs and concrete configs, and the data.
-
-    A re-run on the same ``output_dir`` must expand to the same runs to continue them."""
-    def describe(value: Any) -> Any:
-        return describe_value(value) if not isinstance(value, (str, int, float, bool)) else value
-
-    doc = []
-    for spec in specs:
-        config = {k: v for k, v in spec.config.to_dict().items() if k not in _NOT_FINGERPRINTED}
-        doc.append([spec.name, {k: describe(v) for k, v in sorted(spec.knobs.items())},
-                    config])
-    for key in ("train_dataset", "eval_dataset"):
-        data = shared.get(key)
-        doc.append([key, dataset_fingerprint(data)])
-    text = json.dumps(doc, sort_keys=True, default=repr)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _tracks_to_mlflow(args: Any) -> bool:

@@ -23,7 +23,7 @@ from .run_trainer import RunTrainerMixin
 __all__ = ["RFDPOTrainer"]
 
 
-class _RunDPOTrainer(RunTrainerMixin, DPOTrainer):
+class _RunDPOHooks(RunTrainerMixin):
     """One run's ``DPOTrainer``. Dataset preparation (prompt extraction, EOS, tokenization,
     truncation) is shared through ``rf_dataset_memo`` by runs whose settings agree."""
 
@@ -54,7 +54,7 @@ class RFDPOTrainer(RFTrainerMixin, DPOTrainer):
     :class:`~trl_rapidfire.RFSFTTrainer` for what the trainer offers after ``train()``.
     """
 
-    _run_trainer_class = _RunDPOTrainer
+    _rf_run_hooks = _RunDPOHooks
 
     def __init__(
         self,

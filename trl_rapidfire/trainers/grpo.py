@@ -39,7 +39,7 @@ def generation_cycle_steps(args: Any) -> int:
     return math.lcm(cycle, accumulation) // accumulation
 
 
-class _RunGRPOTrainer(RunTrainerMixin, GRPOTrainer):
+class _RunGRPOHooks(RunTrainerMixin):
     """One run's ``GRPOTrainer``."""
 
     def rf_step_multiple(self) -> int:
@@ -67,7 +67,7 @@ class RFGRPOTrainer(RFTrainerMixin, GRPOTrainer):
     """
 
     _rf_knob_arguments = ("model", "peft_config", "reward_funcs", "processing_class")
-    _run_trainer_class = _RunGRPOTrainer
+    _rf_run_hooks = _RunGRPOHooks
 
     def __init__(
         self,

@@ -48,11 +48,18 @@ class RunBuilder:
         shared: the trainer arguments every run gets (datasets, callbacks, ...).
         knob_args: the trainer-level arguments as the user gave them (knobs included).
         pool: the shared base models.
+        owner: the experiment's trainer (a run's trainer reads the attributes a user's
+            subclass set on it).
+        single: the experiment has one config: its run's TRL ``output_dir`` is the
+            experiment's (clones get ``runs/<run>`` as always).
     """
 
     def __init__(self, *, trainer_class: type, args: Any, shared: dict[str, Any],
-                 knob_args: dict[str, Any], pool: ModelPool) -> None:
+                 knob_args: dict[str, Any], pool: ModelPool, owner: Any = None,
+                 single: bool = False) -> None:
         self.trainer_class = trainer_class
+        self.single = single
+        self.owner = owner
         self.args = args
         self.raw_args = args.raw_values() if isinstance(args, RFConfigMixin) else {}
         self.shared = shared
@@ -72,7 +79,8 @@ class RunBuilder:
         """Load (or share) the run's model, add its adapter, build its trainer."""
         self.specs[spec.name] = spec
         config = spec.config
-        run_dir = self.layout.run_dir(spec.name)
+        # One config: its files where its TRL trainer puts them (checkpoints in output_dir).
+        run_dir = self.layout.output_dir if self.single else self.layout.run_dir(spec.name)
         config.output_dir = str(run_dir)
         if is_gang_config(config):
             return self._build_gang(spec, run_dir)
@@ -154,13 +162,13 @@ class RunBuilder:
         self.pool.make_room(group, spec.config.device)
         with building_in(World.ONE):
             return self.trainer_class(model=group.model, args=spec.config, rf_adapter=adapter,
-                                      **self._trainer_kwargs(kw))
+                                      rf_owner=self.owner, **self._trainer_kwargs(kw))
 
     def _gang_trainer(self, spec: RunSpec) -> Any:
         """A gang run's trainer, as plain TRL builds it (it loads its own model), in the
         launch's world; accelerate's state stays as the trainer left it (its run's)."""
         with building_in(World.LAUNCH, spec.config):
-            return self.trainer_class(args=spec.config, rf_adapter=None,
+            return self.trainer_class(args=spec.config, rf_adapter=None, rf_owner=self.owner,
                                       **self._trainer_kwargs(spec.trainer_kwargs))
 
     def _trainer_kwargs(self, own: dict[str, Any]) -> dict[str, Any]:
@@ -190,6 +198,7 @@ class RunBuilder:
         spec = self.specs.get(parent.name)
         if spec is None:
             raise OpError(f"{parent.name} never had a trainer; it cannot be cloned")
+        self.single = False  # the experiment has several runs from now on
         args = self.args
         config_fields = (args.raw_values() if isinstance(args, RFConfigMixin)
                          else {f.name: getattr(args, f.name) for f in dataclasses.fields(args)})

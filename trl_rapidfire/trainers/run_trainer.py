@@ -33,12 +33,19 @@ class RunTrainerMixin:
     * The Trainer's own progress bar and log printer are removed: the experiment shows one bar.
     """
 
-    def __init__(self, *args: Any, rf_adapter: str | None = None, **kwargs: Any) -> None:
+    # The TRL trainer class whose __init__ builds this run's trainer (set by run_class_for).
+    rf_trl_class: type
+
+    def __init__(self, *args: Any, rf_adapter: str | None = None, rf_owner: Any = None,
+                 **kwargs: Any) -> None:
         self._rf_adapter = rf_adapter
         self._rf_flop_params: int | None = None
+        self.rf_owner = rf_owner
         model = kwargs.get("model", args[0] if args else None)
         with _as_if_trl_made_the_adapter(model, rf_adapter):
-            super().__init__(*args, **kwargs)
+            # The TRL trainer's own __init__: the user's subclass (its __init__ included) is
+            # the experiment's, and it ran once, with the arguments the user gave.
+            self.rf_trl_class.__init__(self, *args, **kwargs)
         for cb in (ProgressCallback, PrinterCallback, MLflowCallback):
             self.remove_callback(cb)  # one bar for the experiment; MLflow is the engine's
         try:
@@ -47,6 +54,16 @@ class RunTrainerMixin:
             self.remove_callback(NotebookProgressCallback)
         except ImportError:  # pragma: no cover - notebook extras missing
             pass
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes this trainer lacks: what the user's subclass set on the
+        # experiment in its __init__ (``self.alpha = alpha``) its overrides read on every run.
+        owner = self.__dict__.get("rf_owner")
+        if owner is not None and not name.startswith("_rf") and name not in ("args", "search"):
+            given = vars(owner)
+            if name in given:
+                return given[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def rf_step_multiple(self) -> int:
         """Chunk boundaries fall on multiples of this many optimizer steps (GRPO: whole

@@ -26,7 +26,7 @@ _PREP_FIELDS = (
 )  # fmt: skip
 
 
-class _RunSFTTrainer(RunTrainerMixin, SFTTrainer):
+class _RunSFTHooks(RunTrainerMixin):
     """One run's ``SFTTrainer``. Dataset preparation (formatting, tokenization, packing) is
     shared through ``rf_dataset_memo`` by the runs whose preparation settings agree."""
 
@@ -87,7 +87,7 @@ class RFSFTTrainer(RFTrainerMixin, SFTTrainer):
     """
 
     _rf_knob_arguments = ("model", "peft_config", "formatting_func", "processing_class")
-    _run_trainer_class = _RunSFTTrainer
+    _rf_run_hooks = _RunSFTHooks
 
     def __init__(
         self,
