@@ -14,8 +14,12 @@ and prints digests of every gang run's state at every step. ``RF_TEST_STATE_DICT
 ``RF_TEST_THEN_SINGLE=1`` runs a second experiment afterwards in the same launch, in
 ``OUTPUT_DIR-next``: the two learning rates without fsdp.
 
-Both modes first call ``trl_rapidfire.testing.fsdp_on_cpu()``: accelerate shards FSDP runs on
-CPU as it does on GPUs (FSDP2, gloo), so the gang runs and their references train sharded.
+The ``rf`` and ``plain`` modes first call ``trl_rapidfire.testing.fsdp_on_cpu()``: accelerate
+shards FSDP runs on CPU as it does on GPUs (FSDP2, gloo), so the gang runs and their references
+train sharded.
+
+``user-plain OUT`` / ``user-rf OUT``: a user's script on a CPU launch, without
+``fsdp_on_cpu()`` (see ``user()``).
 
 ``plain``: one plain SFTTrainer with that learning rate, with or without fsdp (1 = on), the
 same settings otherwise; under the launch when fsdp is on (the gang's reference), alone when
@@ -159,6 +163,39 @@ def rf(output_dir: str) -> None:
         _say("next: " + str({r.name: (r.status.value, r.global_step) for r in after.runs}))
 
 
+def user(mode: str, output_dir: str) -> None:
+    """What a user's script does on a CPU launch, without ``fsdp_on_cpu()``: the settings
+    plain TRL needs there (``use_cpu``, gloo); accelerate then trains FSDP runs data-parallel.
+    ``user-plain``: one SFTTrainer with fsdp; ``user-rf``: fsdp a knob (on, off)."""
+    from trl_rapidfire.testing import make_sft_dataset, tiny_lora_config, tiny_model_path
+
+    settings = dict(_common(), fsdp_config=FSDP_CONFIG, ddp_backend="gloo", max_steps=3)
+    settings.pop("num_train_epochs")
+    if mode == "user-plain":
+        from trl import SFTConfig, SFTTrainer
+
+        trainer = SFTTrainer(model=tiny_model_path(),
+                             args=SFTConfig(output_dir=output_dir, fsdp=FSDP,
+                                            learning_rate=LEARNING_RATES[0], **settings),
+                             train_dataset=make_sft_dataset(48, seed=1),
+                             peft_config=tiny_lora_config(r=4))
+        trainer.train()
+        trainer.save_model(f"{output_dir}/final")
+        _say(f"plain wrapped in {type(trainer.model_wrapped).__name__}")
+        return
+    from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
+
+    trainer = RFSFTTrainer(model=tiny_model_path(),
+                           args=RFSFTConfig(output_dir=output_dir, fsdp=List([FSDP, ""]),
+                                            learning_rate=LEARNING_RATES[0], num_chunks=2,
+                                            **settings),
+                           train_dataset=make_sft_dataset(48, seed=1),
+                           peft_config=tiny_lora_config(r=4))
+    trainer.train()
+    _say(str({r.name: (r.status.value, r.global_step) for r in trainer.runs}))
+    _say(f"run-0 wrapped in {type(trainer.run_trainer('run-0').model_wrapped).__name__}")
+
+
 def plain(output_dir: str, lr: float, fsdp: bool) -> None:
     from trl import SFTConfig, SFTTrainer
 
@@ -182,10 +219,13 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     from trl_rapidfire.testing import fsdp_on_cpu
 
-    fsdp_on_cpu()  # shard on CPU as on GPUs (the references too)
-    if sys.argv[1] == "rf":
+    if sys.argv[1].startswith("user-"):
+        user(sys.argv[1], sys.argv[2])  # as a user's script: no fsdp_on_cpu()
+    elif sys.argv[1] == "rf":
+        fsdp_on_cpu()  # shard on CPU as on GPUs (the references too)
         rf(sys.argv[2])
     else:
+        fsdp_on_cpu()
         plain(sys.argv[2], float(sys.argv[3]), sys.argv[4] == "1")
     if torch.distributed.is_initialized():
         # Left to the interpreter's exit, gloo's threads now and then abort the process

@@ -196,3 +196,20 @@ def test_the_fsdp_example_runs_under_a_launch(tmp_path):
     assert "has no effect (cpu_offload included)" in proc.stderr
     for run in ("run-0", "run-1", "run-2", "run-3"):
         assert (tmp_path / "exp" / "runs" / run / "final" / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_a_users_fsdp_runs_on_a_cpu_launch_train_as_plain_trl_does_there(tmp_path):
+    # No fsdp_on_cpu(): the user's settings for a CPU launch (use_cpu, gloo). Plain TRL then
+    # trains an FSDP config data-parallel; so must its run here, bitwise, beside a run without
+    # fsdp (the RF config checks its FSDP candidate in the launch's world).
+    plain = _run([*ACCELERATE, str(SCRIPT), "user-plain", str(tmp_path / "plain")],
+                 _env(tmp_path), tmp_path)
+    assert "plain wrapped in DistributedDataParallel" in plain.stdout
+    rf = _run([*ACCELERATE, str(SCRIPT), "user-rf", str(tmp_path / "rf")], _env(tmp_path),
+              tmp_path)
+    assert "{'run-0': ('completed', 3), 'run-1': ('completed', 3)}" in rf.stdout
+    assert "run-0 wrapped in DistributedDataParallel" in rf.stdout
+    want = load_file(tmp_path / "plain" / "final" / "adapter_model.safetensors")
+    got = load_file(tmp_path / "rf" / "runs" / "run-0" / "final" / "adapter_model.safetensors")
+    assert all(torch.equal(want[k], got[k]) for k in want)

@@ -28,7 +28,7 @@ from trl import DPOConfig, GRPOConfig, SFTConfig
 
 from .accelerate_state import preserved_accelerate_state
 from .config_errors import RFConfigError
-from .fsdp_configs import gang_config, is_gang_config, normalize_fsdp_config
+from .fsdp_configs import gang_config, is_gang_config, normalize_fsdp_config, validating_world
 from .knobs import Knob, List, Range, is_knob, knob_from_json
 from .preflight import PreflightError, check_field_values, scalar_kind
 from .removed_options import DPO_REMOVED, GRPO_REMOVED, Removed
@@ -195,7 +195,8 @@ class RFConfigMixin:
             # so that where TRL checks a range its own words are the ones seen.
             with _as_config_error():
                 check_field_values(self.trl_config_class, parent_kwargs, ranges=False)
-            with preserved_accelerate_state():
+            # An FSDP value is checked where its run is built: in the launch's world.
+            with validating_world(parent_kwargs):
                 self.trl_config_class.__post_init__(self)
             with _as_config_error():
                 check_field_values(self.trl_config_class,

@@ -3,6 +3,7 @@ and the TRL config of a run that a gang of workers trains, built in the launch's
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -108,6 +109,19 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def validating_world(kwargs: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+    """Where an RF config checks a candidate's values with TRL's ``__post_init__``: an FSDP
+    candidate under a launch in the launch's world, as its run's config is built
+    (:func:`gang_config`); anything else in this worker's world. Accelerate's state is left
+    as it was either way."""
+    if kwargs.get("fsdp") and current_worker().launched:
+        stack = contextlib.ExitStack()
+        stack.enter_context(left_as_found())
+        stack.enter_context(building_in(World.LAUNCH))
+        return stack
+    return preserved_accelerate_state()
+
+
 def gang_config(parent: type, kwargs: dict[str, Any]) -> Any:
     """Build an FSDP run's TRL config. Under a launch it is built in the launch's world (the
     run is trained by all workers as one distributed job), leaving the process's accelerate
@@ -124,8 +138,9 @@ def gang_config(parent: type, kwargs: dict[str, Any]) -> Any:
             offload = " (cpu_offload included)" if isinstance(fsdp_config, dict) and (
                 fsdp_config.get("cpu_offload") or fsdp_config.get("offload_params")) else ""
             warnings.warn(
-                "No GPU: accelerate selects FSDP only on GPUs, so on this machine the FSDP runs "
-                "train data-parallel over the launch, as plain TRL would, and fsdp_config has "
-                f"no effect{offload}.", UserWarning, stacklevel=4)
+                "No GPU: accelerate selects FSDP only on GPUs. As with plain TRL, on this "
+                "machine an FSDP run trains data-parallel over the launch (fsdp_config has no "
+                f"effect{offload}) when it sets use_cpu=True; without it TRL refuses it "
+                "('Using fsdp only works in distributed training').", UserWarning, stacklevel=4)
     with left_as_found(), building_in(World.LAUNCH):
         return parent(**kwargs)
