@@ -314,3 +314,33 @@ def test_a_trainer_with_other_precision_settings_before_does_not_stop_ours(tmp_p
         trainer.save_model(str(tmp_path / side / "final"))
         finals[side] = load_file(tmp_path / side / "final" / "adapter_model.safetensors")
     assert all(torch.equal(finals["plain"][k], finals["rf"][k]) for k in finals["plain"])
+
+
+def test_grpo_on_streamed_data_and_without_a_reward_source_behaves_as_trl(tmp_path):
+    from datasets import IterableDataset
+    from trl import GRPOConfig
+
+    from trl_rapidfire import RFGRPOConfig
+    from trl_rapidfire.testing import make_grpo_dataset, reward_short
+
+    rows = make_grpo_dataset(16, seed=1)
+    stream = IterableDataset.from_generator(lambda: iter(rows))
+    grpo = dict(COMMON, max_steps=2, num_generations=4, max_completion_length=8, seed=3)
+    finals = {}
+    for side, cls, config in (("plain", GRPOTrainer, GRPOConfig),
+                              ("rf", RFGRPOTrainer, RFGRPOConfig)):
+        trainer = cls(model=tiny_model_path(), reward_funcs=reward_short, train_dataset=stream,
+                      peft_config=tiny_lora_config(r=4),
+                      args=config(output_dir=str(tmp_path / side), **grpo))
+        trainer.train()
+        trainer.save_model(str(tmp_path / side / "final"))
+        finals[side] = load_file(tmp_path / side / "final" / "adapter_model.safetensors")
+    assert all(torch.equal(finals["plain"][k], finals["rf"][k]) for k in finals["plain"])
+
+    # No reward_funcs and no environment: TRL's own error, type and words.
+    errors = [_raised(lambda cls=cls, config=config: cls(
+        model=tiny_model_path(), train_dataset=rows,
+        args=config(output_dir=str(tmp_path / "none"), **grpo)))
+        for cls, config in ((GRPOTrainer, GRPOConfig), (RFGRPOTrainer, RFGRPOConfig))]
+    assert type(errors[0]) is type(errors[1]) and str(errors[0]) in str(errors[1])
+    assert "reward" in str(errors[0]).lower()

@@ -342,7 +342,9 @@ def _check_trainer_values(trainer_kwargs: Mapping[str, Any]) -> None:
     formatting_func = trainer_kwargs.get("formatting_func")
     if formatting_func is not None and not callable(formatting_func):
         fail("formatting_func", formatting_func, "a function of one example, or None")
-    if "reward_funcs" in trainer_kwargs:
+    if trainer_kwargs.get("reward_funcs") is not None:
+        # None is TRL's to judge: an environment may own the reward (its get_reward), and
+        # without one TRL says "No reward source provided".
         funcs = trainer_kwargs["reward_funcs"]
         for func in funcs if isinstance(funcs, (list, tuple)) else [funcs]:
             if not (callable(func) or isinstance(func, str)):

@@ -52,9 +52,13 @@ class _RunGRPOHooks(RunTrainerMixin):
                 if callable(getattr(f, "state_dict", None))
                 and callable(getattr(f, "load_state_dict", None))]
 
-    def rf_num_batches(self) -> int:
-        # GRPO's sampler repeats every generation batch: count what its dataloader yields.
-        return len(self.get_train_dataloader())
+    def rf_num_batches(self) -> int | None:
+        # GRPO's sampler repeats every generation batch: count what its dataloader yields
+        # (streamed data has no length: its chunks are cut by steps).
+        try:
+            return len(self.get_train_dataloader())
+        except TypeError:
+            return None
 
 
 class RFGRPOTrainer(RFTrainerMixin, GRPOTrainer):
