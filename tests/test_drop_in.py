@@ -326,16 +326,21 @@ def test_grpo_on_streamed_data_and_without_a_reward_source_behaves_as_trl(tmp_pa
     rows = make_grpo_dataset(16, seed=1)
     stream = IterableDataset.from_generator(lambda: iter(rows))
     grpo = dict(COMMON, max_steps=2, num_generations=4, max_completion_length=8, seed=3)
-    finals = {}
+    finals, adjusted = {}, {}
     for side, cls, config in (("plain", GRPOTrainer, GRPOConfig),
                               ("rf", RFGRPOTrainer, RFGRPOConfig)):
         trainer = cls(model=tiny_model_path(), reward_funcs=reward_short, train_dataset=stream,
                       peft_config=tiny_lora_config(r=4),
-                      args=config(output_dir=str(tmp_path / side), **grpo))
+                      args=config(output_dir=str(tmp_path / side), dataloader_num_workers=2,
+                                  **grpo))
+        # What TRL changes in the config for streamed data shows in trainer.args, as in TRL.
+        adjusted[side] = (trainer.args.dataloader_num_workers,
+                          trainer.args.accelerator_config.dispatch_batches)
         trainer.train()
         trainer.save_model(str(tmp_path / side / "final"))
         finals[side] = load_file(tmp_path / side / "final" / "adapter_model.safetensors")
     assert all(torch.equal(finals["plain"][k], finals["rf"][k]) for k in finals["plain"])
+    assert adjusted["rf"] == adjusted["plain"] == (0, False)
 
     # No reward_funcs and no environment: TRL's own error, type and words.
     errors = [_raised(lambda cls=cls, config=config: cls(

@@ -12,6 +12,7 @@ but does not train itself: it expands the knobs into runs, has the
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import threading
 import warnings
@@ -126,6 +127,12 @@ class RFTrainerMixin:
         slots = list(self._rf_engine.slots.values())
         if all(s.trainer is None for s in slots):
             _raise_failures("No run could be set up", slots)
+        if len(slots) == 1:
+            # One config: what its TRL trainer changed in its config, a plain one changes in
+            # the user's (trainer.args reads as TRL's would).
+            run_args = slots[0].trainer.args
+            for name in builder.changed_in_place.get(slots[0].name, []):
+                setattr(args, name, copy.deepcopy(getattr(run_args, name)))
 
     # ------------------------------------------------------------------ control ops
 

@@ -67,6 +67,9 @@ class RunBuilder:
         self.pool = pool
         self.layout = Layout(args.output_dir)
         self.specs: dict[str, RunSpec] = {}
+        # The config fields each run's TRL trainer changed in place while it was built (GRPO
+        # on streamed data: dataloader_num_workers, accelerator_config).
+        self.changed_in_place: dict[str, list[str]] = {}
 
     def strategy(self, spec: RunSpec, name: str) -> Any:
         """The run's ``eval_strategy``/``save_strategy`` as the user wrote it (``"chunk"`` is
@@ -160,9 +163,13 @@ class RunBuilder:
             kw["processing_class"] = group.processing_class
         # The trainer moves the model to the device: make room for it there first.
         self.pool.make_room(group, spec.config.device)
+        before = spec.config.to_dict()
         with building_in(World.ONE):
-            return self.trainer_class(model=group.model, args=spec.config, rf_adapter=adapter,
-                                      rf_owner=self.owner, **self._trainer_kwargs(kw))
+            trainer = self.trainer_class(model=group.model, args=spec.config, rf_adapter=adapter,
+                                         rf_owner=self.owner, **self._trainer_kwargs(kw))
+        after = spec.config.to_dict()
+        self.changed_in_place[spec.name] = [k for k, v in after.items() if before.get(k) != v]
+        return trainer
 
     def _gang_trainer(self, spec: RunSpec) -> Any:
         """A gang run's trainer, as plain TRL builds it (it loads its own model), in the
