@@ -84,7 +84,10 @@ def main(argv: Sequence[str] | None = None) -> Any:
     best = trainer.best_run
     print(f"\nBest run: {best.name} (eval_loss {best.metrics['eval_loss']:.4f}); its adapter "
           f"is in {best.final_dir}")
-    print(f"Chunk order: {' '.join(f'{c.run[4:]}.{c.number}' for c in trainer.schedule)}")
+    turns = trainer.schedule
+    shown = " ".join(f"{c.run}#{c.number}" for c in turns[:10])
+    print(f"Turns: {len(turns)} chunks, runs taking turns (run#chunk): {shown} ... "
+          f"(all in {config.output_dir}/schedule.csv)")
     print("Dashboard: trl-rapidfire dashboard   (then open http://127.0.0.1:5000)")
     print(f"Report:    trl-rapidfire report {config.output_dir} --out report")
     return trainer

@@ -9,6 +9,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 
+# Nothing to do (every requirement there at an allowed version, this checkout installed): pip
+# would still take a minute to find that out.
+if "$PY" scripts/installed.py; then
+  echo "install: everything is installed already ($("$PY" -c 'import trl_rapidfire as rf; print("trl-rapidfire", rf.__version__)'))"
+  exit 0
+fi
+
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 cp constraints.txt "$constraints"

@@ -33,13 +33,16 @@ def closed_port():
 
 @pytest.fixture
 def store(tmp_path):
-    """A sqlite store holding one experiment with runs run-0 and run-1 (no training)."""
+    """A sqlite store holding one experiment with runs run-0 and run-1, open as a training
+    process holds it (its parent run running, with a heartbeat), without training."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(tmp_path / "exp", uri=uri)
     for name in ("run-0", "run-1"):
         tracker.ensure_run(name, {}, {})
+    tracker.experiment_started()
+    tracker.flush()
+    yield uri
     tracker.close()
-    return uri
 
 
 @pytest.mark.parametrize("argv", [["stop", "run-0"], ["status"],
@@ -173,6 +176,6 @@ def test_a_good_call_still_works_and_bugs_keep_their_traceback(store, capsys, mo
     def broken(*args, **kwargs):
         raise TypeError("a bug")
 
-    monkeypatch.setattr(control, "send_op", broken)
+    monkeypatch.setattr(control, "deliver_op", broken)
     with pytest.raises(TypeError, match="a bug"):
         main(["stop", "run-1", "--uri", store])

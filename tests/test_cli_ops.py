@@ -54,10 +54,21 @@ def test_status_prints_every_run(experiment, capsys):
 
 def test_op_commands_set_the_tag_the_experiment_reads(experiment, capsys):
     rf, tmp, uri = experiment
-    assert main(["stop", "run-1", "--uri", uri]) == 0
-    assert _tags(uri, rf, "run-1")["rapidfire.op"] == "stop"
+    # The experiment has finished: an op would wait for its next train(), so it is refused
+    # unless asked for; stopping its completed run-1 is refused by the run's status anyway.
+    assert main(["clone", "run-0", "--set", "learning_rate=1e-4", "--uri", uri]) == 2
+    err = capsys.readouterr().err
+    assert "no experiment is training" in err and "'exp'" in err and "finished" in err
+    assert main(["clone", "run-0", "--uri", uri, "--output-dir", str(tmp / "exp")]) == 2
+    assert "is not training" in capsys.readouterr().err
+    assert main(["stop", "run-1", "--uri", uri, "--next-run"]) == 2
+    assert "run-1 is completed; only pending or running runs stop" in capsys.readouterr().err
+    assert "rapidfire.op" not in _tags(uri, rf, "run-1")
+    # A tag set as the UI would (no checks) is answered by the engine with the same reason.
+    MlflowClient(uri).set_tag(rf.engine.tracker.run_id("run-1"), "rapidfire.op", "stop")
     assert main(["clone", "run-0", "--set", "learning_rate=1e-4", "--set",
-                 "peft_config.r=8", "--set", "lr_scheduler_type=cosine", "--uri", uri]) == 0
+                 "peft_config.r=8", "--set", "lr_scheduler_type=cosine", "--uri", uri,
+                 "--next-run"]) == 0
     assert _tags(uri, rf, "run-0")["rapidfire.op"] == (
         'clone {"learning_rate": 0.0001, "peft_config.r": 8, "lr_scheduler_type": "cosine"}'
     )
@@ -73,20 +84,21 @@ def test_op_commands_set_the_tag_the_experiment_reads(experiment, capsys):
     assert _tags(uri, rf, "run-0")["rapidfire.op.result"] == results["run-0"]
     assert _tags(uri, rf, "run-0")["rapidfire.op.seq"] == "1"
     assert _tags(uri, rf, "run-1")["rapidfire.op.seq"] == "1"  # rejected ops are answered too
-    assert "applies at the experiment's next chunk boundary" in capsys.readouterr().out
+    assert "sent to experiment 'exp'" in capsys.readouterr().out
     # The other op commands write their tags the same way (the docs show each of them).
-    assert main(["resume", "run-1", "--uri", uri]) == 0
-    assert _tags(uri, rf, "run-1")["rapidfire.op"] == "resume"
-    assert main(["delete", "run-2", "--uri", uri]) == 0
+    assert main(["resume", "run-1", "--uri", uri, "--next-run"]) == 2  # completed
+    assert "only a stopped run can be resumed" in capsys.readouterr().err
+    assert main(["delete", "run-2", "--uri", uri, "--next-run"]) == 0
     assert _tags(uri, rf, "run-2")["rapidfire.op"] == "delete"
-    assert main(["clone", "run-0", "--set", "learning_rate=1e-4", "--warm", "--uri", uri]) == 0
+    assert main(["clone", "run-0", "--set", "learning_rate=1e-4", "--warm", "--uri", uri,
+                 "--next-run"]) == 0
     assert _tags(uri, rf, "run-0")["rapidfire.op"] == 'clone-warm {"learning_rate": 0.0001}'
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["stop", "run-9"], "no run named 'run-9'"),
+        (["stop", "run-9", "--next-run"], "no run named 'run-9'"),
         (["resume"], None),  # argparse: RUN missing (exit 2 via SystemExit)
         (["clone", "run-0", "--set", "learning_rate"], "--set takes KEY=VALUE"),
         (["clone", "run-0", "--set", "=3"], "--set takes KEY=VALUE"),

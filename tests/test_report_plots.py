@@ -5,6 +5,7 @@ experiment files for the rules a tiny run does not reach (policies, clones, othe
 from __future__ import annotations
 
 import csv
+import io
 import json
 import struct
 from pathlib import Path
@@ -14,7 +15,18 @@ from transformers import TrainerCallback
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
 from trl_rapidfire.cli import main
-from trl_rapidfire.plots import load_experiment, op_markers, write_report
+from trl_rapidfire.plot_legend import run_labels, short_values
+from trl_rapidfire.plots import (
+    ExperimentData,
+    OpEvent,
+    RunData,
+    learning_curves_figure,
+    load_experiment,
+    op_markers,
+    plot_learning_curves,
+    schedule_figure,
+    write_report,
+)
 from trl_rapidfire.report import format_value
 from trl_rapidfire.schedule import ChunkRecord, write_schedule_csv
 from trl_rapidfire.testing import (
@@ -228,3 +240,169 @@ def test_policy_ops_clones_and_a_higher_is_better_metric_from_written_files(tmp_
     assert rows["run-3"][0] == "-" and rows["run-3"][4] == "-"
     assert rows["run-2"][5] == "1" and rows["run-2"][6].startswith("error: run-2 is running")
     assert rows["run-1"][6].endswith("of 2 \\| 1 better")  # a pipe cannot break the table
+
+
+# ----------------------------------------------------------------------------- legibility
+# Figures drawn from ExperimentData built in memory: what each run's legend entry says, that
+# the legends fit in the figure, that equal curves stay apart, that chunk labels fit.
+
+_LORA = "LoraConfig(r={r}, alpha={alpha}, targets=['q_proj', 'v_proj'])"
+
+
+def _data(knobs_by_run, histories=None, schedule=(), ops=()) -> ExperimentData:
+    runs = {}
+    for i, (name, knobs) in enumerate(knobs_by_run.items()):
+        history = (histories or {}).get(name) or {
+            "loss": [(s, 2.0 - s * 0.01 * (1 + i)) for s in range(1, 31)],
+            "eval_loss": [(s, 2.1 - s * 0.01 * (1 + i)) for s in (10, 20, 30)]}
+        runs[name] = RunData(name, "completed", 30, dict(knobs), history, "disk")
+    return ExperimentData(Path("exp"), "exp", runs, list(schedule), list(ops), "disk", "d")
+
+
+def _legend_texts(fig, title="runs") -> list[str]:
+    legend = next(lg for lg in fig.legends if lg.get_title().get_text() == title)
+    return [t.get_text() for t in legend.get_texts()]
+
+
+def _curve(ax, run):
+    return next(line for line in ax.get_lines() if line.get_gid() == f"curve:{run}")
+
+
+def test_the_legend_names_only_the_knobs_that_differ_in_a_short_form():
+    shared = {"lr_scheduler_type": "cosine", "peft_config": _LORA.format(r=8, alpha=16),
+              "max_steps": 30}
+    data = _data({f"run-{i}": {"learning_rate": lr, **shared}
+                  for i, lr in enumerate([1e-3, 3e-3, 1e-2])})
+    fig, _ = learning_curves_figure(data, "eval_loss")
+    texts = _legend_texts(fig)
+    assert [t.split()[0] for t in texts] == ["run-0", "run-1", "run-2"]
+    # One exponent form for the whole knob, even for 1e-2 (which alone would read 0.01).
+    for text, lr in zip(texts, ["1e-03", "3e-03", "1e-02"]):
+        assert f"learning_rate={lr}" in text
+        for equal in ("lr_scheduler_type", "cosine", "LoRA", "max_steps", "..."):
+            assert equal not in text, (equal, text)
+
+    # A LoRA config shows its rank, and its alpha only when alphas differ; a knob one run
+    # lacks differs too. Equal curves of runs that differ in nothing: just the names.
+    labels = run_labels([
+        RunData("run-0", knobs={"peft_config": _LORA.format(r=8, alpha=16), "seed": 1}),
+        RunData("run-1", knobs={"peft_config": _LORA.format(r=16, alpha=16)}),
+    ])
+    assert labels == {"run-0": "run-0  LoRA r=8  seed=1", "run-1": "run-1  LoRA r=16  seed=-"}
+    labels = run_labels([RunData("run-0", knobs={"peft_config": _LORA.format(r=8, alpha=8)}),
+                         RunData("run-1", knobs={"peft_config": _LORA.format(r=8, alpha=32)})])
+    assert labels["run-1"] == "run-1  LoRA r=8 alpha=32"
+    assert run_labels([RunData("run-0", knobs={"a": 1}), RunData("run-1", knobs={"a": 1})]) \
+        == {"run-0": "run-0", "run-1": "run-1"}
+    assert short_values([0.5, 0.25])[0] == ["0.5", "0.25"]
+    assert short_values([2.5e-4, 1e-3, 3])[0] == ["2.5e-04", "1e-03", "3"]
+
+
+def _inside(box, frame, slack=0.5) -> bool:
+    return (box.x0 >= frame.x0 - slack and box.x1 <= frame.x1 + slack
+            and box.y0 >= frame.y0 - slack and box.y1 <= frame.y1 + slack)
+
+
+@pytest.mark.parametrize(("count", "metric"), [(3, "eval_loss"), (16, "eval_loss"), (16, None)])
+def test_the_legends_fit_in_the_figure_beside_the_axes(count, metric, tmp_path):
+    # Five knobs differ, so each label wraps onto 3 lines: with 16 runs the legend needs two
+    # columns and a taller figure than the axes alone would.
+    data = _data({f"run-{i}": {
+        "learning_rate": [1e-3, 3e-3, 1e-2, 2.5e-4][i % 4],
+        "lr_scheduler_type": ["linear", "cosine_with_restarts"][(i + i // 4) % 2],
+        "peft_config": _LORA.format(r=[4, 8][(i // 2 + i // 8) % 2], alpha=16),
+        "warmup_ratio": [0.0, 0.1][i % 2], "weight_decay": [0.0, 0.01][i // 2 % 2],
+        "per_device_train_batch_size": 8} for i in range(count)},
+        ops=[OpEvent(1.0, "policy:SuccessiveHalving", "run-1", "stop",
+                     "ok: stopped at step 10"),
+             OpEvent(2.0, "python", "run-2", "clone-warm {}", "ok: created run-9")])
+    fig, counts = learning_curves_figure(data, metric)
+    assert counts == {"loss": count, **({metric: count} if metric else {})}
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    texts = _legend_texts(fig)
+    assert len(texts) == count
+    assert all("lr_scheduler_type=" in t and "LoRA r=" in t for t in texts)
+    assert all("per_device_train_batch_size" not in t and "..." not in t for t in texts)
+    if count == 16:
+        assert "run-14  learning_rate=1e-02" in texts[14]
+        assert "cosine_with_restarts" in texts[14] and "LoRA r=4" in texts[14]
+    axes_right = max(ax.get_tightbbox(renderer).x1 for ax in fig.axes)
+    boxes = []
+    for legend in fig.legends:
+        box = legend.get_window_extent(renderer)
+        assert _inside(box, fig.bbox), (box, fig.bbox)
+        assert box.x0 >= axes_right  # beside the axes, over no curve
+        for text in [*legend.get_texts(), legend.get_title()]:
+            assert _inside(text.get_window_extent(renderer), fig.bbox), text.get_text()
+        boxes.append(box)
+    runs_box, ops_box = boxes
+    assert runs_box.y0 >= ops_box.y1  # the runs above the ops, not over them
+    title = next(t for t in fig.texts if t.get_text().startswith("exp: learning curves"))
+    assert _inside(title.get_window_extent(renderer), fig.bbox)
+    assert title.get_window_extent(renderer).x1 <= runs_box.x0  # not into the legend
+
+    # The saved image is the whole figure: as wide and tall as what was measured.
+    plot_learning_curves(data, tmp_path / "curves.png", metric)
+    width, height = _png_size(tmp_path / "curves.png")
+    assert width >= runs_box.x1 - min(ax.get_tightbbox(renderer).x0 for ax in fig.axes)
+    assert height >= runs_box.height + ops_box.height
+
+
+def test_runs_with_the_same_curve_are_drawn_apart():
+    same = {"loss": [(s, 2.0 - s / 100) for s in range(1, 51)],
+            "eval_loss": [(s, 2.2 - s / 100) for s in (10, 20, 30, 40, 50)]}
+    data = _data({"run-0": {"learning_rate": 1e-3}, "run-1": {"learning_rate": 1e-3},
+                  "run-2": {"learning_rate": 3e-3}},
+                 histories={"run-0": same, "run-1": same, "run-2": same})
+    fig, _ = learning_curves_figure(data, "eval_loss")
+    for ax in fig.axes:
+        a, b = _curve(ax, "run-0"), _curve(ax, "run-1")
+        assert (a.get_xydata() == b.get_xydata()).all()
+        assert a.get_color() != b.get_color()
+        assert (a.get_linestyle(), a.get_marker()) != (b.get_linestyle(), b.get_marker())
+        assert a.get_markerfacecolor() == "none"  # hollow: a marker under another shows
+    # On the dense training curve the markers of equal curves sit on different points.
+    loss = fig.axes[0]
+    assert _curve(loss, "run-0").get_markevery() != _curve(loss, "run-1").get_markevery()
+
+    # No two of 20 runs share both the line style and the marker, nor does a colour repeat.
+    many = _data({f"run-{i}": {"seed": i} for i in range(20)})
+    fig, _ = learning_curves_figure(many, None)
+    lines = [_curve(fig.axes[0], f"run-{i}") for i in range(20)]
+    assert len({(line.get_linestyle(), line.get_marker()) for line in lines}) == 20
+    assert len({line.get_color() for line in lines}) == 20
+
+
+def test_chunk_labels_only_where_they_fit_inside_their_bars():
+    # Wide chunks, a run of narrow ones with two-digit numbers, and a wide last one ending
+    # at the axes' right edge; then a narrow last one whose label would stick out.
+    chunks, clock = [], 0.0
+    for k in range(30):
+        seconds = 3.0 if k % 6 == 0 else 0.25
+        chunks.append(ChunkRecord("run-0" if k % 2 else "run-1", 0, k, k, 0, clock,
+                                  clock + seconds, k, k + 1))
+        clock += seconds
+    wide_last = ChunkRecord("run-0", 0, 30, 30, 0, clock, clock + 3.0, 30, 31)
+    narrow_last = ChunkRecord("run-1", 0, 31, 123, 1, clock + 2.9, clock + 3.0, 31, 32)
+    data = _data({"run-0": {}, "run-1": {}}, schedule=chunks + [wide_last, narrow_last])
+
+    fig, bars = schedule_figure(data)
+    assert bars == 32
+    for saved in (False, True):
+        if saved:  # the layout of the saved image is the one measured
+            fig.savefig(io.BytesIO(), format="png", bbox_inches="tight")
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        frame = ax.get_window_extent(renderer)
+        patches = {p.get_gid(): p for p in ax.patches}
+        labels = {t.get_gid(): t for t in ax.texts if str(t.get_gid()).startswith("chunk-")}
+        for gid, text in labels.items():
+            box = text.get_window_extent(renderer)
+            bar = patches[gid.replace("chunk-label:", "chunk:")].get_window_extent(renderer)
+            assert box.x0 >= bar.x0 + 3 and box.x1 <= bar.x1 - 3, (gid, box, bar)
+            assert box.y0 >= bar.y0 and box.y1 <= bar.y1, (gid, box, bar)
+            assert _inside(box, frame) and _inside(box, fig.bbox), gid
+        want = {f"chunk-label:run-{1 - k % 2}:{k}" for k in range(0, 30, 6)}
+        assert set(labels) == want | {"chunk-label:run-0:30"}  # no narrow one, no 123

@@ -82,7 +82,8 @@ def test_a_clone_from_a_tag_or_the_cli_cannot_load_code(tmp_path, monkeypatch, e
     # As the MLflow UI sets it, and as the CLI sets it.
     tracker.client.set_tag(tracker.run_id("run-0"), "rapidfire.op", _evil_op(folder))
     assert cli_main(["clone", "run-1", "--set", f"model={folder}", "--set",
-                     "trust_remote_code=true", "--output-dir", str(tmp_path / "exp")]) == 0
+                     "trust_remote_code=true", "--output-dir", str(tmp_path / "exp"),
+                     "--next-run"]) == 0  # built, not training yet
     tracker.poll_now()
     records = rf.engine.apply_ops()
     assert sorted(r.run for r in records) == ["run-0", "run-1"]

@@ -181,14 +181,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
                      tags.get("rapidfire.progress", "-"), format_value(metrics.get("loss")),
                      format_value(metrics.get("eval_loss")), tags.get("rapidfire.op", ""),
                      tags.get("rapidfire.op.result", "")])
-    print(f"experiment {exp.name!r} ({exp.rf_experiment[:8]}) in {exp.uri}")
+    print(f"experiment {exp.describe()} in {exp.uri}")
     print(table(["run", "status", "progress", "loss", "eval_loss", "pending op", "last op"],
                 rows))
     return 0
 
 
 def _cmd_op(args: argparse.Namespace) -> int:
-    from .control import send_op
+    from .control import deliver_op
 
     if args.command == "clone":
         overrides = {}
@@ -203,8 +203,10 @@ def _cmd_op(args: argparse.Namespace) -> int:
         op = f"{'clone-warm' if args.warm else 'clone'} {json.dumps(overrides)}"
     else:
         op = args.command
-    send_op(args.run, op, **_where(args))
-    print(f"{args.run}: {op} sent; it applies at the experiment's next chunk boundary "
+    exp, _ = deliver_op(args.run, op, next_run=args.next_run, **_where(args))
+    when = ("at its next chunk boundary" if exp.training
+            else "when its script trains again")
+    print(f"{args.run}: {op} sent to experiment {exp.describe()}; it applies {when} "
           "(see `trl-rapidfire status`)")
     return 0
 
@@ -247,11 +249,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_where(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--output-dir", help="the experiment's output_dir (default: the latest "
-                   "experiment in the store)")
-    p.add_argument("--experiment", help="MLflow experiment name (its latest experiment)")
+def _add_where(p: argparse.ArgumentParser, *, op: bool = False) -> None:
+    default = ("the experiment training in the store" if op else
+               "the experiment training in the store, else the latest")
+    p.add_argument("--output-dir", "--dir", dest="output_dir",
+                   help=f"the experiment's output_dir (default: {default})")
+    p.add_argument("--experiment", help="MLflow experiment name (the one of that name that is "
+                   "training, else its latest)")
     p.add_argument("--uri", help="tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    if op:
+        p.add_argument("--next-run", action="store_true",
+                       help="send the op to an experiment that is not training: it waits "
+                       "for the script's next train()")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -288,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
                        ("delete", "remove RUN for good")):
         p = sub.add_parser(verb, help=text)
         p.add_argument("run")
-        _add_where(p)
+        _add_where(p, op=True)
         p.set_defaults(func=_cmd_op)
     p = sub.add_parser("clone", help="a new run from RUN's knobs plus --set overrides")
     p.add_argument("run")
@@ -296,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help='a knob override; VALUE is JSON (1e-4, "cosine", {"candidate": 1}) '
                    "or a bare word; dotted keys set fields: peft_config.r=32")
     p.add_argument("--warm", action="store_true", help="start from RUN's weights")
-    _add_where(p)
+    _add_where(p, op=True)
     p.set_defaults(func=_cmd_op)
     p = sub.add_parser(
         "report",

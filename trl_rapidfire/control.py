@@ -29,15 +29,14 @@ import dataclasses
 import io
 import json
 import os
-import re
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .experiments import Experiment, experiment_runs, find_experiment
 from .knobs import List, is_knob
-from .layout import Layout, run_order
 from .trust import UntrustedValue, check_tag_override
 
 __all__ = [
@@ -49,6 +48,7 @@ __all__ = [
     "append_op_row",
     "clone",
     "delete",
+    "deliver_op",
     "experiment_runs",
     "find_experiment",
     "parse_op",
@@ -283,100 +283,50 @@ def append_op_row(record: OpRecord, path: str | os.PathLike) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Experiment:
-    """An experiment found in an MLflow store."""
-
-    uri: str
-    experiment_id: str
-    rf_experiment: str
-    parent_run_id: str
-    name: str
+def send_op(run: str, op: str, *, next_run: bool = False, **where: Any) -> str:
+    """Set the op tag of ``run`` (see :func:`deliver_op`); returns the MLflow run id."""
+    return deliver_op(run, op, next_run=next_run, **where)[1]
 
 
-def find_experiment(
-    *, output_dir: str | os.PathLike | None = None, experiment: str | None = None,
-    uri: str | None = None,
-) -> Experiment:
-    """Find an experiment in the store: by its ``output_dir``, by MLflow experiment name (its
-    latest), or the latest experiment in the store when neither is given.
+def deliver_op(run: str, op: str, *, next_run: bool = False, **where: Any
+               ) -> tuple[Experiment, str]:
+    """Set the op tag of ``run`` (checked first); returns the experiment and the MLflow run
+    id it went to.
 
-    Raises:
-        LookupError: nothing matches (the message says where it looked).
+    ``where``: ``output_dir=``, ``experiment=`` and/or ``uri=`` as for :func:`find_experiment`;
+    with none of them, the experiment that is training in the store. The training process
+    applies the op at its next chunk boundary and writes the result tag.
+
+    Refused (``LookupError``, with the reason) when the experiment is not training, unless
+    ``next_run`` (the op then waits for its script's next ``train()``), and when the run's
+    status rules the op out (stopping a completed run, resuming a running one).
     """
     from mlflow import MlflowClient
 
-    from .tracking import EXPERIMENT_TAG, ROLE_TAG, resolve_tracking_uri
+    from .runs import RunStatus, status_op_refusal
+    from .tracking import OP_TAG, RUN_TAG, STATUS_TAG
 
-    uri = uri or resolve_tracking_uri()
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
-        raise LookupError(f"no MLflow store at {uri}; set MLFLOW_TRACKING_URI or run from the "
-                          "folder that holds mlflow.db")
-    client = MlflowClient(uri)
-    flt = f"tags.`{ROLE_TAG}` = 'experiment'"
-    if output_dir is not None:
-        marker = Layout(output_dir).experiment_marker
-        if not marker.is_file():
-            raise LookupError(f"{output_dir} holds no trl-rapidfire experiment ({marker} is "
-                              "missing)")
-        try:
-            rf_id = json.loads(marker.read_text())["id"]
-        except (ValueError, KeyError, TypeError) as err:
-            raise LookupError(f"{marker} is damaged ({err}); it holds the experiment's "
-                              "id") from None
-        # It goes into a search filter: an id is hex, nothing that could change the query.
-        if not isinstance(rf_id, str) or not re.fullmatch(r"[0-9a-f]{8,64}", rf_id):
-            raise LookupError(f"{marker} holds {rf_id!r}, not an experiment id")
-        flt += f" and tags.`{EXPERIMENT_TAG}` = '{rf_id}'"
-    if experiment is not None:
-        exp = client.get_experiment_by_name(experiment)
-        if exp is None:
-            raise LookupError(f"no MLflow experiment named {experiment!r} in {uri}")
-        ids = [exp.experiment_id]
-    else:
-        ids = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(ids, filter_string=flt, order_by=["attributes.start_time DESC"],
-                              max_results=1) if ids else []
-    if not runs:
-        raise LookupError(f"no trl-rapidfire experiment found in {uri}")
-    run = runs[0]
-    return Experiment(uri, run.info.experiment_id, run.data.tags[EXPERIMENT_TAG],
-                      run.info.run_id, client.get_experiment(run.info.experiment_id).name)
-
-
-def experiment_runs(exp: Experiment) -> list[Any]:
-    """The MLflow runs of ``exp``'s RF runs, in run order."""
-    from mlflow import MlflowClient
-
-    from .tracking import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG
-
-    runs = MlflowClient(exp.uri).search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.`{ROLE_TAG}` = 'run' and tags.`{EXPERIMENT_TAG}` = "
-                      f"'{exp.rf_experiment}'",
-        max_results=5000,
-    )
-
-    return sorted(runs, key=lambda run: run_order(run.data.tags.get(RUN_TAG, "")))
-
-
-def send_op(run: str, op: str, **where: Any) -> str:
-    """Set the op tag of ``run`` (checked for syntax first); returns the MLflow run id.
-
-    ``where``: ``output_dir=``, ``experiment=`` and/or ``uri=`` as for :func:`find_experiment`.
-    The training process applies it at its next chunk boundary and writes the result tag.
-    """
-    from mlflow import MlflowClient
-
-    from .tracking import OP_TAG, RUN_TAG
-
-    parse_op(op)
-    exp = find_experiment(**where)
-    for mlflow_run in experiment_runs(exp):
-        if mlflow_run.data.tags.get(RUN_TAG) == run:
-            MlflowClient(exp.uri).set_tag(mlflow_run.info.run_id, OP_TAG, op)
-            return mlflow_run.info.run_id
-    names = [r.data.tags.get(RUN_TAG) for r in experiment_runs(exp)]
+    parsed = parse_op(op)
+    exp = find_experiment(**where, latest_if_none_training=next_run)
+    if not exp.training and not next_run:
+        raise LookupError(
+            f"experiment {exp.describe()} is not training, so nothing would apply {op!r} "
+            "until its script runs again: re-run the script first, or add --next-run (Python: "
+            "next_run=True) to leave the op for its next train()"
+        )
+    runs = experiment_runs(exp)
+    for mlflow_run in runs:
+        tags = mlflow_run.data.tags
+        if tags.get(RUN_TAG) != run:
+            continue
+        status = tags.get(STATUS_TAG)
+        if not parsed.is_clone and status in {s.value for s in RunStatus}:
+            refusal = status_op_refusal(run, RunStatus(status), parsed.verb)
+            if refusal is not None:
+                raise LookupError(f"{refusal} (experiment {exp.describe()})")
+        MlflowClient(exp.uri).set_tag(mlflow_run.info.run_id, OP_TAG, op)
+        return exp, mlflow_run.info.run_id
+    names = [r.data.tags.get(RUN_TAG) for r in runs]
     raise LookupError(f"no run named {run!r} in experiment {exp.name!r}; runs: {names}")
 
 

@@ -34,6 +34,7 @@ from .experiment_data import (
     load_experiment,
     run_order,
 )
+from .plot_legend import fit_legends, legend_style, run_labels
 from .report import format_value
 from .schedule import ChunkRecord
 
@@ -45,12 +46,14 @@ __all__ = [
     "OpEvent",
     "ReportFiles",
     "RunData",
+    "learning_curves_figure",
     "load_experiment",
     "op_markers",
     "plot_learning_curves",
     "plot_schedule",
     "rank_runs",
     "resolve_metric",
+    "schedule_figure",
     "summary_markdown",
     "write_report",
 ]
@@ -65,6 +68,16 @@ _MARKER_SHAPES = {"stop": "X", "resume": ">", "delete": "s", "fail": "v", "clone
 _MARKER_LABELS = {"stop": "stop", "resume": "resume", "delete": "delete", "fail": "failed",
                   "clone": "clone (on the parent)", "clone-warm": "clone-warm (on the parent)"}
 _DPI = 110
+# Curves are told apart by line style and point marker as well as colour, so runs with the
+# same curve (clones, runs that differ only in a knob that changed nothing yet) all show.
+# 4 styles and 5 markers: no two of the first 20 runs share both, nor does any marker
+# repeat an op's shape (the ops are drawn larger, on top). The tab20 colours cover 20 too.
+# The markers are hollow, so that one drawn over another of the same point leaves it seen.
+_LINE_STYLES = ("-", "--", "-.", ":")
+_CURVE_MARKERS = ("o", "^", "P", "d", "p")
+# Pixels a chunk's label keeps clear of its bar's sides (and top and bottom), so that labels
+# of neighbouring bars never run into each other.
+_LABEL_PAD = 4.0
 
 
 @dataclass(frozen=True)
@@ -176,10 +189,11 @@ def _run_colors(names: Sequence[str]) -> dict[str, Any]:
     return {n: cmap(0.05 + 0.9 * i / (len(names) - 1)) for i, n in enumerate(names)}
 
 
-def _run_label(run: RunData, width: int = 48) -> str:
-    knobs = "  ".join(f"{k}={format_value(v)}" for k, v in run.knobs.items())
-    label = f"{run.name}  {knobs}".rstrip()
-    return label if len(label) <= width else label[: width - 3] + "..."
+def _run_styles(names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    colors = _run_colors(names)
+    return {n: {"color": colors[n], "linestyle": _LINE_STYLES[i % len(_LINE_STYLES)],
+                "marker": _CURVE_MARKERS[i % len(_CURVE_MARKERS)]}
+            for i, n in enumerate(names)}
 
 
 def _new_figure(width: float, height: float) -> Figure:
@@ -197,23 +211,17 @@ def _draw_marker(ax: Any, marker: Marker, x: float, y: float, color: Any) -> Non
             zorder=5, gid=f"op:{marker.run}:{marker.kind}")
 
 
-def plot_learning_curves(
-    data: ExperimentData, path: str | os.PathLike, metric: str | None,
-    markers: Sequence[Marker] | None = None,
-) -> dict[str, int]:
-    """Draw ``learning_curves.png``: one panel for the training ``loss`` and one for
-    ``metric`` (a logged key, e.g. ``eval_loss``; none when ``None`` or ``loss``), one curve
-    per run at its own global step, and the ``markers`` (default :func:`op_markers`) on the
-    curves of their runs.
-
-    Returns:
-        panel (metric key) -> number of run curves drawn in it.
-    """
+def learning_curves_figure(
+    data: ExperimentData, metric: str | None, markers: Sequence[Marker] | None = None,
+) -> tuple[Figure, dict[str, int]]:
+    """The figure of ``learning_curves.png`` (see :func:`plot_learning_curves`), not saved,
+    and panel (metric key) -> number of run curves drawn in it."""
     markers = op_markers(data) if markers is None else markers
     panels = [TRAIN_METRIC] + ([metric] if metric and metric != TRAIN_METRIC else [])
     names = list(data.runs)
-    colors = _run_colors(names)
-    fig = _new_figure(5.2 * len(panels) + 3.0, 4.6)
+    styles = _run_styles(names)
+    axes_width = 5.2 * len(panels)
+    fig = _new_figure(axes_width + 3.0, 4.6)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     counts: dict[str, int] = {}
     for ax, key in zip(axes, panels):
@@ -223,14 +231,19 @@ def plot_learning_curves(
                 continue
             xs = np.array([s for s, _ in series], dtype=float)
             ys = np.array([v for _, v in series], dtype=float)
-            # Evaluations are a few points per run: dots show where each one was taken.
-            sparse = len(series) <= 40
-            ax.plot(xs, ys, color=colors[run.name], linewidth=1.4, label=_run_label(run),
-                    marker="o" if sparse else None, markersize=3, gid=f"curve:{run.name}")
+            # Evaluations are a few points per run: a marker shows where each one was taken.
+            # A dense curve gets about 10 markers spaced along it, started at a different
+            # place run by run, so that the markers of equal curves fall apart.
+            dense = len(series) > 15
+            start = (names.index(run.name) * 0.618) % 1.0 * 0.1
+            style = styles[run.name]
+            ax.plot(xs, ys, linewidth=1.4, markersize=5, markerfacecolor="none",
+                    markevery=(start, 0.1) if dense else None, gid=f"curve:{run.name}",
+                    **style)
             for m in markers:
                 if m.run == run.name:
                     _draw_marker(ax, m, m.step, float(np.interp(m.step, xs, ys)),
-                                 colors[run.name])
+                                 style["color"])
         counts[key] = sum(1 for line in ax.get_lines()
                           if str(line.get_gid() or "").startswith("curve:"))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -242,83 +255,132 @@ def plot_learning_curves(
             ax.text(0.5, 0.5, f"no run logged {key}", transform=ax.transAxes, ha="center",
                     va="center", color="gray")
 
-    # One legend entry per run, whichever panels it has points in.
+    # One legend entry per run, whichever panels it has points in, naming only the knobs
+    # that differ between the runs drawn.
     by_run: dict[str, Line2D] = {}
     for ax in axes:
         for line in ax.get_lines():
             gid = str(line.get_gid() or "")
             if gid.startswith("curve:"):
                 by_run.setdefault(gid[len("curve:"):], line)
-    handles = [by_run[n] for n in names if n in by_run]
-    labels = [line.get_label() for line in handles]
+    drawn = [data.runs[n] for n in names if n in by_run]
+    labels = run_labels(drawn)
+    handles = [by_run[run.name] for run in drawn]
+    texts = [labels[run.name] for run in drawn]
+    legends = []
     if handles:
-        fig.legend(handles, labels, loc="outside right upper", fontsize="small",
-                   title="runs", ncols=1 if len(handles) <= 18 else 2)
+        legends.append(fig.legend(handles, texts, loc="outside right upper", title="runs",
+                                  **legend_style(texts)))
     kinds = [k for k in _MARKER_SHAPES if any(m.kind == k for m in markers)]
     if kinds:
         keys = [Line2D([], [], linestyle="none", marker=_MARKER_SHAPES[k], color="dimgray",
                        markeredgecolor="black", markersize=8) for k in kinds]
         texts = [_MARKER_LABELS[k] for k in kinds]
         if any(m.by_policy for m in markers):
-            keys.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
-                               markeredgecolor="dimgray", markersize=8))
+            # An op's shape, not a circle: the curves' own hollow markers include circles.
+            keys.append(Line2D([], [], linestyle="none", marker=_MARKER_SHAPES["stop"],
+                               markerfacecolor="white", markeredgecolor="dimgray",
+                               markersize=8))
             texts.append("hollow: by a policy")
-        fig.legend(keys, texts, loc="outside right lower", fontsize="small", title="ops")
-    fig.suptitle(f"{data.name}: learning curves (metrics from {data.source})")
-    fig.savefig(path)
+        legends.append(fig.legend(keys, texts, loc="outside right lower", fontsize="small",
+                                  title="ops"))
+    title = fig.suptitle(f"{data.name}: learning curves (metrics from {data.source})")
+    fit_legends(fig, legends, axes_width, min_height=4.6, title=title)
+    return fig, counts
+
+
+def plot_learning_curves(
+    data: ExperimentData, path: str | os.PathLike, metric: str | None,
+    markers: Sequence[Marker] | None = None,
+) -> dict[str, int]:
+    """Draw ``learning_curves.png``: one panel for the training ``loss`` and one for
+    ``metric`` (a logged key, e.g. ``eval_loss``; none when ``None`` or ``loss``), one curve
+    per run at its own global step (colour, line style and marker vary by run), the
+    ``markers`` (default :func:`op_markers`) on the curves of their runs, and beside the
+    axes a legend naming each run with the knobs that tell it apart.
+
+    Returns:
+        panel (metric key) -> number of run curves drawn in it.
+    """
+    fig, counts = learning_curves_figure(data, metric, markers)
+    # "tight" keeps anything that still reaches past the figure's edge in the image.
+    fig.savefig(path, bbox_inches="tight", pad_inches=0.1)
     return counts
 
 
-def plot_schedule(data: ExperimentData, path: str | os.PathLike) -> int:
-    """Draw ``schedule.png``: one row per worker, one bar per trained chunk from its start to
-    its end (seconds since the first chunk started), coloured by run and labelled with the
-    run's chunk number where the label fits. Returns the number of bars."""
+def schedule_figure(data: ExperimentData) -> tuple[Figure, int]:
+    """The figure of ``schedule.png`` (see :func:`plot_schedule`), not saved, and the number
+    of bars."""
     chunks = data.schedule
     workers = sorted({c.worker for c in chunks})
-    fig = _new_figure(10.5, max(3.4, 1.6 + 0.55 * len(workers)))
+    height = max(3.4, 1.6 + 0.55 * len(workers))
+    fig = _new_figure(10.5, height)
     ax = fig.subplots()
     if not chunks:
         ax.text(0.5, 0.5, "no chunk trained yet (schedule.csv is empty)", ha="center",
                 va="center", transform=ax.transAxes, color="gray")
         ax.set_axis_off()
-        fig.savefig(path)
-        return 0
+        return fig, 0
     colors = _run_colors(list(data.runs))
     t0 = min(c.start_time for c in chunks)
     row = {w: i for i, w in enumerate(workers)}
     labels = []
     for c in chunks:
         color = colors.get(c.run, "gray")
-        ax.barh(row[c.worker], c.seconds, left=c.start_time - t0, height=0.7, color=color,
-                edgecolor="white", linewidth=0.6, label=c.run)
+        bar = ax.barh(row[c.worker], c.seconds, left=c.start_time - t0, height=0.7,
+                      color=color, edgecolor="white", linewidth=0.6, label=c.run,
+                      gid=f"chunk:{c.run}:{c.number}")[0]
         r, g, b = color[:3] if not isinstance(color, str) else (0.5, 0.5, 0.5)
         ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
-        labels.append((ax.text(c.start_time - t0 + c.seconds / 2, row[c.worker], str(c.number),
-                               ha="center", va="center", fontsize=7, color=ink), c))
+        text = ax.text(c.start_time - t0 + c.seconds / 2, row[c.worker], str(c.number),
+                       ha="center", va="center", fontsize=7, color=ink, clip_on=True,
+                       gid=f"chunk-label:{c.run}:{c.number}")
+        # Out of the layout: which labels stay is decided from the axes' place, which must
+        # not in turn depend on the labels (a wide one would shrink the axes).
+        text.set_in_layout(False)
+        labels.append((text, bar))
     ax.set_yticks(range(len(workers)), [f"worker {w}" for w in workers])
     ax.set_ylim(len(workers) - 0.5, -0.5)  # worker 0 on top
     ax.set_xlim(0, max(c.end_time for c in chunks) - t0)
     ax.set_xlabel("seconds since the first chunk started")
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_axisbelow(True)
-    seen = list(dict.fromkeys(c.run for c in chunks))
+    seen = sorted(dict.fromkeys(c.run for c in chunks), key=run_order)
     handles = [Line2D([], [], linestyle="none", marker="s", markersize=9,
-                      color=colors.get(n, "gray")) for n in sorted(seen, key=run_order)]
-    fig.legend(handles, sorted(seen, key=run_order), loc="outside right upper",
-               fontsize="small", title="runs", ncols=1 if len(seen) <= 18 else 2)
+                      color=colors.get(n, "gray")) for n in seen]
+    legend = fig.legend(handles, seen, loc="outside right upper", title="runs",
+                        **legend_style(seen))
     span = max(c.end_time for c in chunks) - t0
-    fig.suptitle(f"{data.name}: chunks by worker ({len(chunks)} chunks in {span:.1f} s; "
-                 "numbers: the run's chunk)")
-    # Whether a label fits is known only once the layout has placed the axes.
-    renderer = fig.canvas.get_renderer()
+    title = fig.suptitle(f"{data.name}: chunks by worker ({len(chunks)} chunks in {span:.1f} s; "
+                         "numbers: the run's chunk)")
+    fit_legends(fig, [legend], 9.0, min_height=height, title=title)
+    _drop_labels_that_do_not_fit(fig, ax, labels)
+    return fig, len(chunks)
+
+
+def _drop_labels_that_do_not_fit(fig: Figure, ax: Any, labels: Sequence[Any]) -> None:
+    # Whether a label fits is known only once the layout has placed the axes: its drawn
+    # extent must lie inside its bar, _LABEL_PAD pixels clear of the bar's edges, and inside
+    # the axes (a bar cut by the axes' edge shows only part of its width).
     fig.draw_without_rendering()
-    for text, c in labels:
-        x0 = ax.transData.transform((c.start_time - t0, 0))[0]
-        x1 = ax.transData.transform((c.end_time - t0, 0))[0]
-        if text.get_window_extent(renderer).width > 0.9 * (x1 - x0):
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    for text, bar in labels:
+        box = text.get_window_extent(renderer)
+        room = bar.get_window_extent(renderer)
+        left, right = max(room.x0, frame.x0), min(room.x1, frame.x1)
+        if (box.x0 < left + _LABEL_PAD or box.x1 > right - _LABEL_PAD
+                or box.y0 < room.y0 + _LABEL_PAD or box.y1 > room.y1 - _LABEL_PAD):
             text.remove()
-    fig.savefig(path)
-    return len(chunks)
+
+
+def plot_schedule(data: ExperimentData, path: str | os.PathLike) -> int:
+    """Draw ``schedule.png``: one row per worker, one bar per trained chunk from its start to
+    its end (seconds since the first chunk started), coloured by run and labelled with the
+    run's chunk number where the label fits inside its bar. Returns the number of bars."""
+    fig, bars = schedule_figure(data)
+    fig.savefig(path, bbox_inches="tight", pad_inches=0.1)
+    return bars
 
 
 # ----------------------------------------------------------------------------- summary

@@ -30,6 +30,7 @@ __all__ = [
     "TRANSITIONS",
     "IllegalTransition",
     "transition",
+    "status_op_refusal",
     "RunState",
 ]
 
@@ -69,6 +70,21 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     _S.DELETED: frozenset(),
 }
 """Allowed moves: ``TRANSITIONS[current]`` is the set of statuses ``current`` may move to."""
+
+
+def status_op_refusal(name: str, status: RunStatus, verb: str) -> str | None:
+    """Why the status op ``verb`` (stop, resume, delete, fail) cannot apply to run ``name``
+    in ``status``, or ``None`` when it can. The engine applies ops by it and the CLI refuses
+    by it before sending one, so both give the same reason."""
+    status = RunStatus(status)
+    if status == RunStatus.DELETED:
+        return f"{name} is deleted; no op applies to it"
+    if verb in ("stop", "fail") and not status.schedulable:
+        what = "stop" if verb == "stop" else "fail"
+        return f"{name} is {status.value}; only pending or running runs {what}"
+    if verb == "resume" and status != RunStatus.STOPPED:
+        return f"{name} is {status.value}; only a stopped run can be resumed"
+    return None
 
 
 class IllegalTransition(ValueError):

@@ -42,6 +42,8 @@ __all__ = [
     "OP_RESULT_TAG",
     "OP_SEQ_TAG",
     "OP_TAG",
+    "HEARTBEAT_STALE",
+    "HEARTBEAT_TAG",
     "Tracker",
     "TrackingStoreError",
     "experiment_id_for",
@@ -58,9 +60,19 @@ EXPERIMENT_TAG = "rapidfire.experiment"
 STATUS_TAG = "rapidfire.status"
 PROGRESS_TAG = "rapidfire.progress"
 ROLE_TAG = "rapidfire.role"
+# On the experiment's parent run: the time (Unix seconds) the training process last said it
+# was alive. The CLI sends ops to the experiment that is training by it; a process killed
+# outright (SIGKILL, a lost machine) leaves the parent "running" with a heartbeat that ages.
+HEARTBEAT_TAG = "rapidfire.heartbeat"
+HEARTBEAT_INTERVAL = 10.0
+# Older than this, a heartbeat is a dead experiment's. Generous: the tracking thread pauses
+# while the engine switches runs (loading a large model can take a minute).
+HEARTBEAT_STALE = 180.0
 
 _MLFLOW_STATUS = {"completed": "FINISHED", "failed": "FAILED", "stopped": "KILLED",
                   "deleted": "KILLED"}
+# How a train() call ended -> the parent run's MLflow status.
+_EXPERIMENT_STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 _PARAM_VALUE_MAX = 6000
 
 
@@ -164,6 +176,7 @@ class Tracker:
         self._errors: list[str] = []
         self._stop = threading.Event()
         self.polling = threading.Event()  # set while an experiment trains
+        self._beating = False  # between experiment_started() and experiment_ended()
         self.polling.set()
         # Cleared while the engine switches runs: MLflow calls are milliseconds of Python under
         # the GIL, so the thread waits for the next chunk, when torch kernels release the GIL.
@@ -288,6 +301,33 @@ class Tracker:
 
             self._jobs.put(job)
 
+    # ------------------------------------------------------------------ the experiment
+
+    def experiment_started(self) -> None:
+        """A ``train()`` call begins: the parent run is (again) running, with a heartbeat
+        from now on, so a re-run reopens what the last call ended."""
+        def job() -> None:
+            self.client.update_run(self.parent_run_id, status="RUNNING")
+            self._beat()
+
+        self._beating = True
+        self._jobs.put(job)
+
+    def experiment_ended(self, outcome: str) -> None:
+        """A ``train()`` call ended (``finished``, ``failed`` or ``killed``): the parent run
+        ends with that status, after what is queued before it."""
+        self._beating = False
+        status = _EXPERIMENT_STATUS[outcome]
+
+        def job() -> None:
+            self._write_pending()
+            self.client.set_terminated(self.parent_run_id, status)
+
+        self._jobs.put(job)
+
+    def _beat(self) -> None:
+        self.client.set_tag(self.parent_run_id, HEARTBEAT_TAG, str(int(time.time())))
+
     # ------------------------------------------------------------------ control tags
 
     def pending_ops(self) -> dict[str, str]:
@@ -384,9 +424,9 @@ class Tracker:
     # ------------------------------------------------------------------ the thread
 
     def _loop(self) -> None:
-        next_poll = next_write = 0.0
+        next_poll = next_write = next_beat = 0.0
         while True:
-            timeout = max(min(next_poll, next_write) - time.monotonic(), 0.0)
+            timeout = max(min(next_poll, next_write, next_beat) - time.monotonic(), 0.0)
             try:
                 job = self._jobs.get(timeout=timeout)
             except queue.Empty:
@@ -404,6 +444,10 @@ class Tracker:
                 if self.polling.is_set():
                     self._run_job(self._poll)
                 next_poll = time.monotonic() + self.poll_interval
+            if now >= next_beat:
+                if self._beating:
+                    self._run_job(self._beat)
+                next_beat = time.monotonic() + HEARTBEAT_INTERVAL
 
     def _run_job(self, job: Callable[[], None]) -> None:
         self.active.wait()

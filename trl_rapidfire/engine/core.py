@@ -213,9 +213,14 @@ class Engine:
             raise ExperimentFault(self._fault.message)
         started, previous_handler = self._start_run_call()
         ok = False
+        outcome = "failed"
         try:
             self._loop()
             ok = self._fault.message is None
+            outcome = "killed" if self.interrupted else "finished" if ok else "failed"
+        except KeyboardInterrupt:  # a second Ctrl-C: at once
+            outcome = "killed"
+            raise
         except Exception as exc:
             detail = disk_fault(exc, ours=True) if isinstance(exc, OSError) else None
             if isinstance(exc, ExperimentFault) or detail is not None:
@@ -224,7 +229,7 @@ class Engine:
             else:
                 raise
         finally:
-            self._end_run_call(started, ok, previous_handler)
+            self._end_run_call(started, ok, previous_handler, outcome)
         if self._fault.message is not None:
             raise ExperimentFault(self._fault.message)
 
@@ -391,8 +396,10 @@ class Engine:
     def _chunks_done(self) -> int:
         return sum(min(s.state.chunks_done, len(s.plan)) for s in self.slots.values())
 
-    def _end_run_call(self, started: float, ok: bool, previous_handler: Any) -> None:
-        """What every ``run()`` call does last, however its loop ended."""
+    def _end_run_call(self, started: float, ok: bool, previous_handler: Any,
+                      outcome: str) -> None:
+        """What every ``run()`` call does last, however its loop ended (``outcome``:
+        ``finished``, ``failed`` or ``killed``)."""
         if previous_handler is not None:
             signal.signal(signal.SIGINT, previous_handler)
         # A disk fault in the clean-up is noted, never raised over what ended the loop.
@@ -413,5 +420,5 @@ class Engine:
             # Interrupted: unwind every suspended train(). On a normal end the only
             # suspended runs are stopped ones, kept resumable for a later train().
             self._turns.abort_suspended()
-        self._reporter.finish(self.slots.values(), stacklevel=2)
+        self._reporter.finish(self.slots.values(), outcome, stacklevel=2)
 

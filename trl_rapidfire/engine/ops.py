@@ -13,7 +13,7 @@ from ..cache import save_tree
 from ..control import Op, OpError, OpRecord, append_op_row, parse_op
 from ..layout import Layout, run_index, run_name
 from ..policies import Context, Policy, RunHistory
-from ..runs import RunState, RunStatus
+from ..runs import RunState, RunStatus, status_op_refusal
 from ..store import FileStore, disband_forming_gang
 from ..workers import WorkerInfo
 from .building import register_failed
@@ -250,22 +250,16 @@ class OpsDesk:
 
 def change_status(record: RunState, verb: str, reason: str | None = None) -> str:
     """Apply a status op to ``record`` (in the shared state); returns the op's result."""
-    status = record.status
-    if status == RunStatus.DELETED:
-        raise OpError(f"{record.name} is deleted; no op applies to it")
+    refusal = status_op_refusal(record.name, record.status, verb)
+    if refusal is not None:
+        raise OpError(refusal)
     if verb == "fail":  # only policies fail runs (a NaN metric), with their reason
-        if not status.schedulable:
-            raise OpError(f"{record.name} is {status.value}; only pending or running runs fail")
         record.fail(reason or "failed by a policy")
         return "failed"
     if verb == "stop":
-        if not status.schedulable:
-            raise OpError(f"{record.name} is {status.value}; only pending or running runs stop")
         record.move(RunStatus.STOPPED)
         return f"stopped at step {record.global_step}"
     if verb == "resume":
-        if status != RunStatus.STOPPED:
-            raise OpError(f"{record.name} is {status.value}; only a stopped run can be resumed")
         record.resume()
         return f"resumed at step {record.global_step}"
     record.move(RunStatus.DELETED)

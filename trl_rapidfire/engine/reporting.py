@@ -37,6 +37,7 @@ class Reporter:
 
     def __init__(self, tracker: Tracker | None = None) -> None:
         self.tracker = tracker
+        self._leader = False  # this worker speaks for the experiment (its parent run)
 
     def ensure_run(self, name: str, params: dict, tags: dict[str, str]) -> None:
         """The run's MLflow run exists, with ``params`` and (if new) ``tags``."""
@@ -68,9 +69,11 @@ class Reporter:
 
     def start(self, *, polling: bool) -> None:
         """A ``run()`` call begins; ``polling``: this worker applies ops from tags."""
+        self._leader = polling
         if self.tracker is not None:
             if polling:
                 self.tracker.polling.set()
+                self.tracker.experiment_started()
             else:
                 self.tracker.polling.clear()
 
@@ -82,15 +85,22 @@ class Reporter:
             else:
                 self.tracker.active.clear()
 
-    def finish(self, slots: Iterable[RunSlot], *, stacklevel: int) -> None:
-        """A ``run()`` call ends: end the runs that left the rotation, write what is queued,
+    def finish(self, slots: Iterable[RunSlot], outcome: str, *, stacklevel: int) -> None:
+        """A ``run()`` call ends (``outcome``: ``finished``, ``failed`` or ``killed``): end
+        the runs that left the rotation and the experiment's parent run, write what is queued,
         stop reading ops, and say if tracking failed."""
         if self.tracker is None:
             return
         self.tracker.active.set()
+        slots = list(slots)
         for slot in slots:
             if slot.state.status in (RunStatus.STOPPED, RunStatus.DELETED):
                 self.tracker.end_run(slot.name, slot.state.status.value)
+        if self._leader:
+            if outcome == "finished" and slots and all(
+                    s.state.status == RunStatus.FAILED for s in slots):
+                outcome = "failed"  # train() raises: every run failed
+            self.tracker.experiment_ended(outcome)
         self.tracker.flush()
         self.tracker.polling.clear()  # nothing reads ops until the next train()
         if self.tracker.errors:
