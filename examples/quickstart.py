@@ -65,8 +65,8 @@ def main(argv: Sequence[str] | None = None) -> Any:
           f"{config.num_chunks} chunks, and runs take turns chunk by chunk.\n")
     rows = [(r.name, f"{r.config.learning_rate:.2e}", r.config.lr_scheduler_type.value,
              f"r={r.trainer_kwargs['peft_config'].r}") for r in runs]
-    print(table(["run", "learning_rate", "scheduler", "lora"], rows), flush=True)
-    if args.dry_run:
+    if args.dry_run:  # training shows the same runs in its live table
+        print(table(["run", "learning_rate", "scheduler", "lora"], rows), flush=True)
         return runs
 
     from trl_rapidfire import RFSFTTrainer  # imports TRL's trainer stack: a few seconds
@@ -84,11 +84,14 @@ def main(argv: Sequence[str] | None = None) -> Any:
     best = trainer.best_run
     print(f"\nBest run: {best.name} (eval_loss {best.metrics['eval_loss']:.4f}); its adapter "
           f"is in {best.final_dir}")
-    turns = trainer.schedule
-    shown = " ".join(f"{c.run}#{c.number}" for c in turns[:10])
-    print(f"Turns: {len(turns)} chunks, runs taking turns (run#chunk): {shown} ... "
-          f"(all in {config.output_dir}/schedule.csv)")
-    print("Dashboard: trl-rapidfire dashboard   (then open http://127.0.0.1:5000)")
+    print(f"Turns:     {len(trainer.schedule)} chunks, the runs taking turns; the order is in "
+          f"{config.output_dir}/schedule.csv")
+    tracker = trainer.engine.tracker
+    if tracker is not None:  # MLflow's UI on this experiment's runs table (Model training view)
+        from trl_rapidfire.dashboard import runs_url
+
+        url = runs_url("http://127.0.0.1:5000", tracker.experiment_id)
+        print(f"Dashboard: trl-rapidfire dashboard   then open {url}")
     print(f"Report:    trl-rapidfire report {config.output_dir} --out report")
     return trainer
 

@@ -9,12 +9,12 @@ the filled-in tag editor is saved to ``docs/img/tag_editor.png`` (the IC Ops gui
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from browser import chromium
 from mlflow_server import mlflow_server
 from transformers import TrainerCallback
 
@@ -35,8 +35,6 @@ TARGET, TARGET_LR = "run-1", 3e-3
 MAX_STEPS, CHUNKS = 8, 4  # 2 steps a chunk
 GATE_STEP = 3  # run-1 waits here, inside its second chunk, while the person clicks
 
-_CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-_DRIVER = shutil.which("chromedriver")
 
 
 @pytest.fixture
@@ -48,23 +46,8 @@ def server(tmp_path):
 
 @pytest.fixture
 def browser():
-    """Headless Chromium through the system's chromedriver (Selenium downloads nothing)."""
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-    if _CHROMIUM is None or _DRIVER is None:
-        pytest.skip("chromium and chromedriver are not installed "
-                    "(Debian: apt-get install chromium chromium-driver)")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = _CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,900"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(_DRIVER), options=options)
-    try:
+    with chromium(1400, 900) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 class _Gate(TrainerCallback):

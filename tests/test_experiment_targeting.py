@@ -187,7 +187,7 @@ def test_an_untracked_experiment_is_refused_plainly(tmp_path, capsys):
 
 
 def test_the_cli_never_imports_the_training_stack(tmp_path):
-    """--help, status and an op: no torch or transformers import (they take seconds)."""
+    """--help, status, an op and an error: no torch or transformers import (seconds)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(tmp_path / "exp", uri=uri)
     try:
@@ -200,6 +200,7 @@ def test_the_cli_never_imports_the_training_stack(tmp_path):
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             f"assert main(['status', '--uri', {uri!r}]) == 0\n"
             f"assert main(['stop', 'run-0', '--uri', {uri!r}]) == 0\n"
+            f"assert main(['stop', 'run-9', '--uri', {uri!r}]) == 2\n"  # an error's path too
             "print('HEAVY', [m for m in ('torch', 'transformers', 'trl', 'peft') "
             "if m in sys.modules])\n"
         )

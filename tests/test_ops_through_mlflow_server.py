@@ -149,7 +149,7 @@ def test_dashboard_command_serves_the_store_and_stops_cleanly(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "trl_rapidfire.cli", "dashboard", "--port", str(port),
-         "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
+         "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--create"],  # a new, empty store
         stdout=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:

@@ -20,10 +20,7 @@ import argparse
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -112,22 +109,16 @@ def _check_store(uri: str, command: str) -> None:
 
 @contextlib.contextmanager
 def _client_limits() -> Iterator[None]:
-    import logging
+    from .mlflow_store import quiet_setup
 
     added = {k: v for k, v in _CLIENT_ENV.items() if k not in os.environ}
     os.environ.update(added)
-    # MLflow configures its logger when imported; when it was imported already, set it here.
-    loggers = [logging.getLogger(name) for name in ("mlflow", "alembic")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
     try:
-        yield
+        with quiet_setup():  # also when MLflow was imported (and set its level) already
+            yield
     finally:  # main() may run inside another program (tests): leave its state as it was
         for key in added:
             os.environ.pop(key, None)
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
@@ -212,30 +203,13 @@ def _cmd_op(args: argparse.Namespace) -> int:
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
+    # The server, its signals and where it opens live in dashboard.py (no torch, mlflow lazily).
+    from .dashboard import serve
     from .tracking import resolve_tracking_uri
 
-    uri = args.uri or resolve_tracking_uri()
-    if not uri.startswith(("sqlite:", "postgresql", "mysql", "file:")) and "://" in uri:
-        print(f"The store {uri} is a tracking server already: open it in a browser.")
-        return 0
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-           "--host", "127.0.0.1", "--port", str(args.port), "--workers", "1"]
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    print(f"MLflow UI for {uri}: http://127.0.0.1:{args.port}  (Ctrl-C to stop)", flush=True)
-    try:
-        while proc.poll() is None:
-            time.sleep(0.5)
-        return proc.returncode or 0
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers, no orphans
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+    # No store, a port taken, a server that died before answering: LookupError or OSError,
+    # which main() says in one line.
+    return serve(args.uri or resolve_tracking_uri(), args.port, create=args.create)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -285,9 +259,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for --search random")
     p.set_defaults(func=_cmd_expand)
 
-    p = sub.add_parser("dashboard", help="start the MLflow UI on 127.0.0.1 for the store in use")
+    p = sub.add_parser(
+        "dashboard", help="start the MLflow UI on 127.0.0.1 for the store in use",
+        description="Serve the MLflow UI for the store on 127.0.0.1:PORT and print the URL of "
+        "the newest experiment's runs table (Model training mode, runs listed flat with their "
+        "status). Stops the server and all it started on Ctrl-C, SIGTERM or SIGHUP. A local "
+        "store that does not exist is refused unless --create.",
+    )
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--uri", help="tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    p.add_argument("--create", action="store_true",
+                   help="start an empty store when there is none (without it, a missing "
+                   "store is an error, so a dashboard started in the wrong folder says so)")
     p.set_defaults(func=_cmd_dashboard)
     p = sub.add_parser("status", help="a table of the runs of an experiment")
     _add_where(p)

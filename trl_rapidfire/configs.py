@@ -325,6 +325,14 @@ class RFConfigMixin:
             if kwargs[name] == CHUNK:
                 # TRL never sees "chunk": the engine does the chunk-time work itself.
                 kwargs[name] = "no"
+        if kwargs.get("activation_checkpointing", False) is None and "gradient_checkpointing" \
+                not in self._rf_knobs and kwargs.get("gradient_checkpointing") == \
+                self.trl_config_class.__dataclass_fields__["gradient_checkpointing"].default:
+            # TRL defaults gradient_checkpointing, the name transformers 5 deprecates, and
+            # TrainingArguments warns (FutureWarning) on every config that leaves it so. Pass
+            # TRL's default under the new name, as TrainingArguments itself moves it over; a
+            # value the user wrote under the old name still gets transformers' warning.
+            kwargs["activation_checkpointing"] = kwargs["gradient_checkpointing"]
         if not kwargs.get("fsdp"):
             # Each run trains in a world of one (see workers.py): a DDP backend would make
             # the Trainer ask for a process group that does not exist outside a launch.

@@ -3,6 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
+
+ELLIPSIS = "…"
+
+
+def clip(text: str, width: int, *, keep: Literal["ends", "head"] = "ends") -> str:
+    """``text`` cut to at most ``width`` characters, an ellipsis marking the cut: in the
+    middle (``keep="ends"``: the start and the end of a value tell values apart) or at the
+    end (``keep="head"``)."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return ELLIPSIS[:width]
+    if keep == "head":
+        return text[:width - 1] + ELLIPSIS
+    head = width // 2
+    tail = width - 1 - head
+    return text[:head] + ELLIPSIS + (text[-tail:] if tail else "")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -8,12 +8,15 @@ naming it and what to do.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["TrackingStoreError", "ensure_schema"]
+__all__ = ["TrackingStoreError", "ensure_schema", "quiet_setup"]
 
 
 class TrackingStoreError(RuntimeError):
@@ -28,9 +31,33 @@ _DATA_TABLES = {"runs": "", "experiments": " WHERE experiment_id != 0", "registe
                 "trace_info": "", "logged_models": ""}
 
 
+@contextlib.contextmanager
+def quiet_setup() -> Iterator[None]:
+    """MLflow's and alembic's INFO lines (``Creating initial MLflow database tables...``,
+    ``Updating database tables``, alembic's migration steps) held back for the duration: they
+    describe MLflow's housekeeping, not the experiment. Warnings and errors still show; the
+    loggers' levels are as they were afterwards."""
+    import mlflow  # noqa: F401 - it sets its logger's level when imported: before we do
+
+    loggers = [logging.getLogger(name) for name in ("mlflow", "alembic")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def ensure_schema(uri: str) -> None:
     """Make sure the store at ``uri`` has MLflow's schema: created once, under a lock, or
     repaired when a killed process left it half-created and it holds nothing."""
+    with quiet_setup():
+        _ensure_schema(uri)
+
+
+def _ensure_schema(uri: str) -> None:
     # Several processes creating a new sqlite store at once crash MLflow ("table already
     # exists"): create the schema once, under a lock beside the database file.
     from filelock import FileLock

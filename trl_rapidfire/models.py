@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -224,7 +225,13 @@ class ModelGroup:
         if isinstance(self.model, PeftModel):
             self.model.add_adapter(name, config)
         else:
-            self.model = get_peft_model(self.base, config, adapter_name=name)
+            with warnings.catch_warnings():
+                # PEFT reads the model's is_gradient_checkpointing, an alias transformers 5
+                # deprecates: its FutureWarning is about PEFT's code, not the user's (PEFT
+                # 0.21), so it is kept from the user; nothing else is.
+                warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated",
+                                        FutureWarning, "transformers")
+                self.model = get_peft_model(self.base, config, adapter_name=name)
         return adapter_params(self.model, name)
 
 

@@ -24,8 +24,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .accelerate_state import launch_world, leave_launch_world
-
 __all__ = [
     "WorkerInfo",
     "current_worker",
@@ -100,6 +98,8 @@ def detach_from_launch() -> WorkerInfo:
     info = WorkerInfo(rank, local_rank, world, uuid.uuid4().hex[:8], launch.replace(",", ";"))
     if world > 1:
         os.environ[_PARENT_RECORD] = f"{os.getpid()}:{os.getppid()}"
+        from .accelerate_state import leave_launch_world  # accelerate, torch: seconds
+
         leave_launch_world(local_rank)
     os.environ[_RECORD] = (f"{rank},{local_rank},{world},{os.getpid()},{info.token},"
                            f"{info.launch}")
@@ -114,6 +114,8 @@ def in_launch_world() -> Iterator[WorkerInfo]:
     info = current_worker()
     if not info.launched:
         raise RuntimeError("not launched: there is no launch world to enter")
+    from .accelerate_state import launch_world
+
     with launch_world():
         yield info
 

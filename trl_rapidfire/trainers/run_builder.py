@@ -85,6 +85,10 @@ class RunBuilder:
         # One config: its files where its TRL trainer puts them (checkpoints in output_dir).
         run_dir = self.layout.output_dir if self.single else self.layout.run_dir(spec.name)
         config.output_dir = str(run_dir)
+        if config.dataloader_pin_memory and not _accelerator_available():
+            # Nothing to pin for: torch pins nothing then, and warns each time a run's
+            # DataLoader starts an epoch (the Trainer's catch_warnings re-arm the warning).
+            config.dataloader_pin_memory = False
         if is_gang_config(config):
             return self._build_gang(spec, run_dir)
         model = spec.trainer_kwargs["model"]
@@ -279,6 +283,16 @@ def _check_warm_start(parent: str, before: dict[str, Any], after: dict[str, Any]
         if changed:
             raise OpError(f"warm start from {parent}: {changed} change the adapter's shape; "
                           "use `clone` to train it from scratch")
+
+
+def _accelerator_available() -> bool:
+    """Whether torch has a device to pin host memory for (what its DataLoader checks)."""
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "is_available"):
+        return accelerator.is_available()
+    return torch.cuda.is_available()
 
 
 def _load_processing_class(base_model: Any, config: Any) -> Any:
