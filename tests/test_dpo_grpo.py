@@ -98,7 +98,8 @@ GRPO_COMMON = dict(cpu_training_kwargs(), per_device_train_batch_size=4, num_gen
 
 def test_four_grpo_configs_equal_plain_grpo_bitwise_on_whole_generation_cycles(model_path,
                                                                                tmp_path):
-    data = make_grpo_dataset(16)
+    # 10 steps in 3 chunks: an even split (3.3 steps) would cut generation cycles of 2 steps
+    data = make_grpo_dataset(10)
     lora = tiny_lora_config(r=4, lora_dropout=0.1)
     rf = RFGRPOTrainer(
         model=model_path,
@@ -115,7 +116,7 @@ def test_four_grpo_configs_equal_plain_grpo_bitwise_on_whole_generation_cycles(m
     assert cycle == 2
     for record in rf.schedule:  # a boundary never falls inside a generation cycle
         assert record.start_step % cycle == 0
-        assert record.end_step % cycle == 0 or record.end_step == 16
+        assert record.end_step % cycle == 0
     assert len(rf.schedule) == 4 * 3
     for run in rf.runs:
         knobs = dict(run.knobs)

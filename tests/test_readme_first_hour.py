@@ -1,7 +1,9 @@
 """README's first hour, command by command, in the environment ``.ci/run`` made as README
 says (``python -m venv .venv``, ``bash scripts/install.sh``): ``python examples/quickstart.py``
-trains its 8 defaults offline with MLflow; ``trl-rapidfire dashboard``, started where the
-quickstart ran, serves the MLflow UI with those 8 runs, completed, and stops on Ctrl-C.
+trains its 8 defaults offline with MLflow, in a pseudo-terminal as a person runs it (its screen
+under 60 lines: one live view, no warning, no MLflow chatter); ``trl-rapidfire dashboard``,
+started where the quickstart ran, serves the MLflow UI with those 8 runs, completed, the link the
+quickstart printed shows them in a real browser, and Ctrl-C stops it.
 
 The dashboard is started on a free port rather than README's 5000, which a CI machine may
 have taken; everything else is as README writes it."""
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +23,9 @@ from pathlib import Path
 import pytest
 from browser import chromium, wait_for_rows
 from mlflow_server import free_port, wait_until_up
+from terminal import run_in_a_pty, screen
 
+from trl_rapidfire.progress import TABLE_WIDTH
 from trl_rapidfire.testing import tiny_model_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,12 +49,27 @@ def test_quickstart_then_dashboard_as_readme_says(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env["HF_HUB_OFFLINE"] = "1"
     exe = Path(sys.executable).with_name("trl-rapidfire")
-    quick = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--output-dir", "qs"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert quick.returncode == 0, quick.stdout[-2000:] + quick.stderr[-3000:]
-    assert "Best run: run-" in quick.stdout
-    assert "Dashboard: trl-rapidfire dashboard" in quick.stdout
+    # In a terminal, as a person runs it: Python's default warning filters, the terminal's
+    # own size, its own colours.
+    env["TERM"] = "xterm-256color"
+    for key in ("PYTHONWARNINGS", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR"):
+        env.pop(key, None)
+    output = run_in_a_pty([sys.executable, str(ROOT / "examples" / "quickstart.py"),
+                           "--output-dir", "qs"], tmp_path, env, timeout=900)
+    lines = screen(output)
+    shown = "\n".join(lines)
+    # Under 60 lines: one live view (bar and runs table, redrawn in place), no flood.
+    assert len(lines) < 60, shown
+    assert sum(line.startswith("run    status") for line in lines) == 1, shown
+    assert sum("completed" in line for line in lines) == 8, shown
+    assert any("64/64" in line for line in lines), shown
+    assert all(len(line) <= TABLE_WIDTH for line in lines if line.startswith("run-")), shown
+    # No warning, ours or a library's, and no MLflow set-up chatter.
+    assert not re.search(r"\w+Warning\b", shown), shown
+    assert "trl_rapidfire" not in shown.replace("trl-rapidfire", ""), shown
+    assert " INFO " not in shown, shown
+    assert "Best run: run-" in shown and "Dashboard: trl-rapidfire dashboard" in shown
+    printed = re.search(r"then open (\S+)", output)
     assert (tmp_path / "mlflow.db").exists()  # ./mlflow.db: what the dashboard opens
     finals = list((tmp_path / "qs" / "runs").glob("run-*/final/adapter_model.safetensors"))
     assert len(finals) == 8
@@ -76,9 +96,7 @@ def test_quickstart_then_dashboard_as_readme_says(tmp_path):
                 statuses[run["info"]["run_name"]] = tags["rapidfire.status"]
         assert statuses == {f"run-{i}": "completed" for i in range(8)}
         # The link the quickstart printed (on this port) shows them, without a click.
-        printed = next(line for line in quick.stdout.splitlines()
-                       if line.startswith("Dashboard:")).split("then open ")[1].strip()
-        _see_the_runs(printed.replace("127.0.0.1:5000", f"127.0.0.1:{port}"), tmp_path)
+        _see_the_runs(printed.group(1).replace("127.0.0.1:5000", f"127.0.0.1:{port}"), tmp_path)
         dash.send_signal(signal.SIGINT)  # Ctrl-C, as README says
         assert dash.wait(timeout=60) == 0
     finally:

@@ -1,102 +1,17 @@
 """What a person sees in a terminal, and what a log gets: the progress view redraws itself in
 place in a terminal (one bar, one runs table), prints a handful of tables where it cannot, and
-fits 100 columns; the quickstart, run in a pseudo-terminal, fills well under a screen and a
-half and shows no warning.
-
-The terminal is a small emulator of what matters here (text, carriage returns, line feeds,
-cursor moves and erasures; colours ignored), so tests count the lines a person would see at
-the end, not the bytes written."""
+fits 100 columns (the terminal is tests/terminal.py's emulator). The quickstart run in a
+pseudo-terminal is checked in tests/test_readme_first_hour.py, which runs it anyway."""
 
 from __future__ import annotations
 
 import io
-import os
-import re
-import select
-import struct
-import sys
-import time
-from pathlib import Path
 
-import pytest
+from terminal import COLS, ROWS, screen
 
 from trl_rapidfire.progress import TABLE_WIDTH, ExperimentProgress, LogCadence, runs_table
 from trl_rapidfire.results import RunResult
 from trl_rapidfire.runs import RunStatus
-
-ROOT = Path(__file__).resolve().parents[1]
-ROWS, COLS = 40, 120
-_CSI = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z@`])")
-_OSC = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
-
-
-def screen(output: str, cols: int = COLS) -> list[str]:
-    """The lines a terminal ``cols`` wide shows after ``output`` (scrollback included),
-    trailing blank lines dropped. Handles printable text (wrapping at ``cols``), ``\\r``,
-    ``\\n``, ``\\b``, cursor up/down/forward/back/column, and line/screen erasure."""
-    lines: list[list[str]] = [[]]
-    row = col = 0
-    output = _OSC.sub("", output)
-    i = 0
-    while i < len(output):
-        ch = output[i]
-        match = _CSI.match(output, i) if ch == "\x1b" else None
-        if match:
-            i = match.end()
-            params, code = match.group(1), match.group(2)
-            n = int(params) if params.isdigit() else None
-            if code == "A":
-                row = max(0, row - (n or 1))
-            elif code == "B":
-                row += n or 1
-            elif code == "C":
-                col += n or 1
-            elif code == "D":
-                col = max(0, col - (n or 1))
-            elif code == "G":
-                col = (n or 1) - 1
-            elif code == "K":
-                while len(lines) <= row:
-                    lines.append([])
-                line = lines[row]
-                if n == 2:
-                    line.clear()
-                elif n == 1:
-                    line[:col] = [" "] * min(col, len(line))
-                else:
-                    del line[col:]
-            elif code == "J" and n in (None, 0):
-                del lines[row + 1:]
-                if row < len(lines):
-                    del lines[row][col:]
-            continue  # colours, cursor visibility, ...: nothing to see
-        i += 1
-        if ch == "\x1b":
-            continue  # a lone escape
-        if ch == "\r":
-            col = 0
-        elif ch == "\n":  # as a terminal's line discipline sends it (ONLCR): \r\n
-            row, col = row + 1, 0
-        elif ch == "\b":
-            col = max(0, col - 1)
-        elif ch >= " " or ch == "\t":
-            if col >= cols:
-                row, col = row + 1, 0
-            while len(lines) <= row:
-                lines.append([])
-            line = lines[row]
-            line.extend(" " * (col - len(line)))
-            if col < len(line):
-                line[col] = ch
-            else:
-                line.append(ch)
-            col += 1
-        while len(lines) <= row:
-            lines.append([])
-    text = ["".join(line).rstrip() for line in lines]
-    while text and not text[-1]:
-        text.pop()
-    return text
 
 
 def test_the_screen_emulator():
@@ -213,70 +128,3 @@ def test_disabled_shows_nothing(capsys):
     view.chunk_done(_runs(2, 1), 1)
     view.close()
     assert view.mode == "off" and capsys.readouterr().out == ""
-
-
-# --------------------------------------------------------------------------- the quickstart
-
-
-def _run_in_a_pty(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> str:
-    import fcntl
-    import pty
-    import termios
-
-    pid, fd = pty.fork()
-    if pid == 0:  # the child, in a terminal ROWS x COLS, as a person's
-        try:
-            fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
-            os.chdir(cwd)
-            os.execvpe(argv[0], argv, env)
-        finally:  # never back into pytest
-            os._exit(127)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 1.0)
-            if not ready:
-                continue
-            try:
-                data = os.read(fd, 65536)
-            except OSError:  # the child closed the terminal
-                break
-            if not data:
-                break
-            chunks.append(data)
-        else:
-            os.kill(pid, 9)
-            pytest.fail("the quickstart did not finish in time:\n" + b"".join(chunks).decode(
-                "utf-8", "replace")[-3000:])
-    finally:
-        os.close(fd)
-        _, status = os.waitpid(pid, 0)
-    output = b"".join(chunks).decode("utf-8", "replace")
-    assert os.waitstatus_to_exitcode(status) == 0, output[-3000:]
-    return output
-
-
-@pytest.mark.slow
-def test_the_quickstart_in_a_terminal_fits_a_screen_and_a_half_without_warnings(tmp_path):
-    pytest.importorskip("pty")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TERM="xterm-256color", OMP_NUM_THREADS="1",
-               MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    # As a person runs it: Python's default warning filters, the terminal's own size.
-    for key in ("PYTHONWARNINGS", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR"):
-        env.pop(key, None)
-    output = _run_in_a_pty(
-        [sys.executable, str(ROOT / "examples" / "quickstart.py"),
-         "--output-dir", str(tmp_path / "exp")], tmp_path, env, timeout=900)
-    lines = screen(output)
-    shown = "\n".join(lines)
-    assert len(lines) < 60, shown
-    # One runs table at the end: every run completed, the bar full.
-    assert sum(line.startswith("run    status") for line in lines) == 1, shown
-    assert sum("completed" in line for line in lines) == 8, shown
-    assert any("64/64" in line for line in lines), shown
-    assert all(len(line) <= TABLE_WIDTH for line in lines if line.startswith("run-")), shown
-    # No warning, ours or a library's, and no MLflow set-up chatter.
-    assert not re.search(r"\w+Warning\b", shown), shown
-    assert "trl_rapidfire" not in shown.replace("trl-rapidfire", ""), shown
-    assert " INFO " not in shown, shown
