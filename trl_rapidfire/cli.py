@@ -114,7 +114,9 @@ def _client_limits() -> Iterator[None]:
     added = {k: v for k, v in _CLIENT_ENV.items() if k not in os.environ}
     os.environ.update(added)
     try:
-        with quiet_setup():  # also when MLflow was imported (and set its level) already
+        # MLFLOW_LOGGING_LEVEL (above) quiets an MLflow imported later; this one, one imported
+        # already.
+        with quiet_setup(import_mlflow=False):
             yield
     finally:  # main() may run inside another program (tests): leave its state as it was
         for key in added:

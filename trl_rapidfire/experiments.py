@@ -70,14 +70,14 @@ def _state(run: Any, now: float) -> tuple[str, float | None]:
 
 
 def _client_and_uri(uri: str | None) -> tuple[Any, str]:
-    from mlflow import MlflowClient
-
     from .tracking import resolve_tracking_uri
 
     uri = uri or resolve_tracking_uri()
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         raise LookupError(f"no MLflow store at {uri}; set MLFLOW_TRACKING_URI or run from the "
                           "folder that holds mlflow.db")
+    from mlflow import MlflowClient  # seconds: only once there is a store to read
+
     return MlflowClient(uri), uri
 
 

@@ -32,12 +32,17 @@ _DATA_TABLES = {"runs": "", "experiments": " WHERE experiment_id != 0", "registe
 
 
 @contextlib.contextmanager
-def quiet_setup() -> Iterator[None]:
+def quiet_setup(*, import_mlflow: bool = True) -> Iterator[None]:
     """MLflow's and alembic's INFO lines (``Creating initial MLflow database tables...``,
     ``Updating database tables``, alembic's migration steps) held back for the duration: they
     describe MLflow's housekeeping, not the experiment. Warnings and errors still show; the
-    loggers' levels are as they were afterwards."""
-    import mlflow  # noqa: F401 - it sets its logger's level when imported: before we do
+    loggers' levels are as they were afterwards.
+
+    MLflow sets its logger's level when it is imported, so it is imported first; a caller
+    that sets ``MLFLOW_LOGGING_LEVEL`` instead (the CLI, which must not pay seconds of import
+    for a command that may not need MLflow) passes ``import_mlflow=False``."""
+    if import_mlflow:
+        import mlflow  # noqa: F401
 
     loggers = [logging.getLogger(name) for name in ("mlflow", "alembic")]
     levels = [logger.level for logger in loggers]
