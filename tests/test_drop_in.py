@@ -10,6 +10,7 @@ from unittest import mock
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import TrainerCallback
 from trl import GRPOTrainer, SFTConfig, SFTTrainer
 
 from trl_rapidfire import List, RFGRPOTrainer, RFSFTConfig, RFSFTTrainer
@@ -150,18 +151,12 @@ class _Boom(Exception):
     pass
 
 
-class _RaiseAtStep2:
+class _RaiseAtStep2(TrainerCallback):
     """A callback raising the user's own exception type mid-training."""
 
-    def __new__(cls):
-        from transformers import TrainerCallback
-
-        class Raise(TrainerCallback):
-            def on_step_begin(self, args, state, control, **kwargs):
-                if state.global_step == 2:
-                    raise _Boom("at step 2")
-
-        return Raise()
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            raise _Boom("at step 2")
 
 
 def test_a_single_config_raises_what_trl_raises_at_construction_and_in_training(tmp_path):

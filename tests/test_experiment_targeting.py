@@ -176,14 +176,45 @@ def test_two_training_experiments_make_the_cli_ask_which(tmp_path, capsys):
             tracker.close()
 
 
-def test_an_untracked_experiment_is_refused_plainly(tmp_path, capsys):
-    trainer = _trainer(tmp_path / "quiet", report_to="none", lrs=(1e-3,), max_steps=2)
+def test_an_untracked_experiment_is_controlled_through_its_folder(tmp_path, capsys):
+    out = tmp_path / "quiet"
+    seen = {}
+
+    def from_the_cli(trainer):
+        seen["stop"] = main(["stop", "run-1", "--dir", str(out)])
+        # From outside, text is held to hyperparameters, as from a run tag.
+        seen["clone"] = main(["clone", "run-0", "--set", "trust_remote_code=true",
+                              "--dir", str(out)])
+        seen["status"] = main(["status", "--dir", str(out)])
+        seen["out"] = capsys.readouterr().out
+        (out / ".rapidfire" / "inbox" / "0-bad.json").write_text("{not json")
+
+    gate = _At(1e-3, from_the_cli)
+    trainer = _trainer(out, callbacks=[gate], report_to="none")
+    _At.trainer = trainer
     trainer.train()
-    # A store exists (another experiment), so the refusal is about this one.
-    Tracker(tmp_path / "other").close()
-    assert main(["stop", "run-0", "--dir", str(tmp_path / "quiet")]) == 2
-    err = capsys.readouterr().err
-    assert "not tracked in MLflow" in err and "report_to" in err and "trainer.stop" in err
+    assert seen["stop"] == 0 and seen["clone"] == 0 and seen["status"] == 0
+    assert "left in" in seen["out"] and "not tracked in MLflow, training" in seen["out"]
+    assert {r.name: r.status for r in trainer.runs} == {"run-0": "completed",
+                                                        "run-1": "stopped"}
+    answers = [(r.source, r.run, r.result.split(":")[0]) for r in trainer.op_log]
+    assert ("cli", "run-1", "ok") in answers
+    assert ("cli", "run-0", "error") in answers  # the clone that would load code
+    assert ("cli", "", "error") in answers  # the unreadable op file, answered, not fatal
+    assert not list((out / ".rapidfire" / "inbox").glob("*.json"))
+    # Not training now: refused unless left for the next train(), which applies it.
+    assert main(["resume", "run-1", "--dir", str(out)]) == 2
+    assert "is not training" in capsys.readouterr().err
+    assert main(["stop", "run-0", "--dir", str(out), "--next-run"]) == 2  # completed
+    assert "run-0 is completed" in capsys.readouterr().err
+    assert main(["resume", "run-1", "--dir", str(out), "--next-run"]) == 0
+    assert main(["status", "--dir", str(out)]) == 0
+    assert "not training" in capsys.readouterr().out
+    trainer.train()
+    assert {r.name: r.status for r in trainer.runs} == {"run-0": "completed",
+                                                        "run-1": "completed"}
+    assert trainer.op_log[-1].source == "cli" and trainer.op_log[-1].result.startswith(
+        "ok: resumed")
 
 
 def test_the_cli_never_imports_the_training_stack(tmp_path):

@@ -88,9 +88,9 @@ def _rf_id_of(output_dir: str | os.PathLike) -> str:
         if layout.scheduler_state.is_file():
             raise LookupError(
                 f"{output_dir} holds an experiment that is not tracked in MLflow (its config "
-                "has report_to without \"mlflow\"): the CLI reaches experiments through their "
-                "MLflow runs, so it cannot control or show this one. Control it from its "
-                "script (trainer.stop('run-1'), ...), or train it with report_to=\"mlflow\"."
+                "has report_to without \"mlflow\"): reach it through its folder "
+                "(trl_rapidfire.folder_control.post_op, or the CLI with --dir), or from its "
+                "script (trainer.stop('run-1'), ...)."
             )
         raise LookupError(f"{output_dir} holds no trl-rapidfire experiment ({marker} is "
                           "missing)")

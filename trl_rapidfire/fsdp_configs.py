@@ -127,10 +127,7 @@ def gang_config(parent: type, kwargs: dict[str, Any]) -> Any:
     run is trained by all workers as one distributed job), leaving the process's accelerate
     state as it was; outside one it is built as any config (to inspect or validate it: the
     trainer refuses to train it)."""
-    if not current_worker().launched:
-        with preserved_accelerate_state():
-            return parent(**kwargs)
-    if not _cuda():
+    if current_worker().launched and not _cuda():
         if kwargs.get("ddp_backend") is None:
             kwargs["ddp_backend"] = "gloo"  # the only process group a CPU machine has
         if not fsdp_on_cpu_installed():
@@ -142,5 +139,5 @@ def gang_config(parent: type, kwargs: dict[str, Any]) -> Any:
                 "machine an FSDP run trains data-parallel over the launch (fsdp_config has no "
                 f"effect{offload}) when it sets use_cpu=True; without it TRL refuses it "
                 "('Using fsdp only works in distributed training').", UserWarning, stacklevel=4)
-    with left_as_found(), building_in(World.LAUNCH):
+    with validating_world(kwargs):  # built in the world its values are checked in
         return parent(**kwargs)

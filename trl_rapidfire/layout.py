@@ -10,6 +10,8 @@ Everything under ``<output_dir>``::
     .rapidfire/checkpoints/<run>/  its boundary checkpoints (checkpoint-<step>)
     .rapidfire/warm/<run>/         a warm clone's starting state
     .rapidfire/cache/              parked run state spilled to disk (cache.py)
+    .rapidfire/inbox/, alive.json  ops from the CLI for an untracked experiment; who trains it
+                                   now (folder_control.py)
     previous/<time>/               an earlier, different experiment of this output_dir,
                                    moved aside when this one started (nothing is deleted)
 
@@ -81,6 +83,16 @@ class Layout:
     @property
     def cache(self) -> Path:
         return self.state_dir / "cache"
+
+    @property
+    def inbox(self) -> Path:
+        """Ops for an untracked experiment, left by the CLI (folder_control.py)."""
+        return self.state_dir / "inbox"
+
+    @property
+    def alive_file(self) -> Path:
+        """Which process trains the experiment now (folder_control.py)."""
+        return self.state_dir / "alive.json"
 
     @property
     def checkpoint_root(self) -> Path:

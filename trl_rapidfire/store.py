@@ -382,11 +382,17 @@ class FileStore:
     def recorded_fingerprint(self) -> str | None:
         """The fingerprint of the experiment whose state is in ``folder`` (``None``: none is),
         read without writing anything; :class:`StoreError` if the file is not a state."""
+        state = self.peek()
+        return None if state is None else state.fingerprint
+
+    def peek(self) -> ExperimentState | None:
+        """The state in the file as it is now (``None``: no file yet), read without the lock
+        and without writing anything (a look from outside: the CLI); :class:`StoreError` if
+        it is not a state."""
         if not self.path.exists():
             return None
         try:
-            doc = json.loads(self.path.read_text("utf-8"))
-            return ExperimentState.from_json(doc).fingerprint
+            return ExperimentState.from_json(json.loads(self.path.read_text("utf-8")))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, StoreError) as err:
             raise StoreError(f"{self.path} is not a valid scheduler state: {err}") from None
 
@@ -399,19 +405,15 @@ class FileStore:
         The write is atomic either way.
         """
         with self._locked():
-            if self.path.exists():
-                try:
-                    state = ExperimentState.from_json(json.loads(self.path.read_text("utf-8")))
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError, StoreError) as err:
-                    raise StoreError(f"{self.path} is not a valid scheduler state: {err}") from None
-                if state.fingerprint != self.fingerprint:
-                    raise StoreError(
-                        f"{self.path} belongs to an experiment with other runs (fingerprint "
-                        f"{state.fingerprint[:12]}, these runs {self.fingerprint[:12]}): use "
-                        "another output_dir, or run the configs it was made for."
-                    )
-            else:
+            state = self.peek()  # under the lock here
+            if state is None:
                 state = ExperimentState(self.fingerprint)
+            elif state.fingerprint != self.fingerprint:
+                raise StoreError(
+                    f"{self.path} belongs to an experiment with other runs (fingerprint "
+                    f"{state.fingerprint[:12]}, these runs {self.fingerprint[:12]}): use "
+                    "another output_dir, or run the configs it was made for."
+                )
             yield state
             self._write(state, durable)
 

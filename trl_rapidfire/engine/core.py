@@ -9,6 +9,7 @@ calls back up."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import gc
 import signal
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 from ..cache import StateCache
 from ..faults import ExperimentFault, disk_fault, fault_message
+from ..folder_control import mark_alive, mark_ended
 from ..layout import Layout
 from ..models import ModelGroup, ModelPool
 from ..policies import Policy
@@ -248,6 +250,9 @@ class Engine:
         gc.freeze()
         # Only the first worker applies ops from tags: the others need not poll them.
         self._reporter.start(polling=self.worker.rank == 0)
+        if self.worker.rank == 0:
+            with contextlib.suppress(OSError):  # advisory: the CLI's check for untracked runs
+                mark_alive(self.layout)
         started = self._clock.started = time.perf_counter()
         self._shared.new_call()
         self.interrupted = False
@@ -407,6 +412,8 @@ class Engine:
             self._flush_finishes()  # a finished chunk is never lost, whatever stopped
         with self._fault.kept():
             self._shared.release_claim()
+        if self.worker.rank == 0:
+            mark_ended(self.layout)
         gc.unfreeze()
         self.stats.wall += time.perf_counter() - started
         self._clock.started = None

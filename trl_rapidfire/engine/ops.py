@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from ..cache import save_tree
 from ..control import Op, OpError, OpRecord, append_op_row, parse_op
+from ..folder_control import Inbox
 from ..layout import Layout, run_index, run_name
 from ..policies import Context, Policy, RunHistory
 from ..runs import RunState, RunStatus, status_op_refusal
@@ -25,6 +26,10 @@ from .support import WallClock, canonical_op, json_knobs
 from .turns import Turns
 
 __all__ = ["OpsDesk", "change_status"]
+
+# Sources of ops from outside the script (run tags, op files from the CLI): text anyone with
+# access to the tracking server or the folder may write, held to hyperparameters only.
+_OUTSIDE = frozenset({"tag", "cli"})
 
 
 class OpsDesk:
@@ -63,7 +68,9 @@ class OpsDesk:
         self._reporter = reporter
         self._clock = clock
         self._replanned = replanned
-        # (source, run, op text, reason): "python", "tag" or "policy:<name>".
+        # Ops the CLI leaves in the experiment's folder (an untracked experiment's channel).
+        self._inbox = Inbox(layout)
+        # (source, run, op text, reason): "python", "tag", "cli" or "policy:<name>".
         self._queued: list[tuple[str, str, str, str | None]] = []
         # (run, op) the script itself asked for: a clone recipe in the shared state that
         # matches one may be rebuilt with the author's rights.
@@ -79,14 +86,15 @@ class OpsDesk:
         """Apply ``op`` to ``run`` at the next chunk boundary (or the next ``train()``)."""
         with self._lock:
             self._queued.append((source, run, op, reason))
-            if source != "tag":
+            if source not in _OUTSIDE:
                 self._author_ops.add((run, canonical_op(op)))
 
     def pending(self) -> bool:
         """Whether this worker has ops to apply."""
         if self.worker.rank != 0:
             return False
-        return bool(self._queued) or bool(self._reporter.pending_ops())
+        return (bool(self._queued) or bool(self._reporter.pending_ops())
+                or self._inbox.has_mail())
 
     def consult_policy(self) -> None:
         """Ask the policy about every chunk finished since it was last asked (by any worker)
@@ -151,6 +159,7 @@ class OpsDesk:
             return []
         pending += [("tag", run, text, None)
                     for run, text in self._reporter.pending_ops().items()]
+        pending += [("cli", run, text, None) for run, text in self._inbox.take()]
         # A person's op on a run wins over a policy's at the same boundary.
         by_person = {run for source, run, _, _ in pending if not source.startswith("policy")}
         records = []
@@ -164,7 +173,8 @@ class OpsDesk:
                     # Tag text is anyone's who can write to the tracking server: only the
                     # script's own ops (Python calls, its policies) may go beyond
                     # hyperparameters.
-                    result = "ok: " + self._apply(run, op, reason, trusted=source != "tag")
+                    result = "ok: " + self._apply(run, op, reason,
+                                                  trusted=source not in _OUTSIDE)
                     if automatic:
                         result += f" by {source.split(':', 1)[1]} {reason}"
                 except OpError as err:

@@ -167,12 +167,16 @@ class RunBuilder:
             kw["processing_class"] = group.processing_class
         # The trainer moves the model to the device: make room for it there first.
         self.pool.make_room(group, spec.config.device)
-        before = spec.config.to_dict()
+        # With one config, what TRL changes in its config shows in trainer.args (see base.py):
+        # only then is the config compared before and after (two to_dict() calls a build).
+        before = spec.config.to_dict() if self.single else None
         with building_in(World.ONE):
             trainer = self.trainer_class(model=group.model, args=spec.config, rf_adapter=adapter,
                                          rf_owner=self.owner, **self._trainer_kwargs(kw))
-        after = spec.config.to_dict()
-        self.changed_in_place[spec.name] = [k for k, v in after.items() if before.get(k) != v]
+        if before is not None:
+            after = spec.config.to_dict()
+            self.changed_in_place[spec.name] = [k for k, v in after.items()
+                                                if before.get(k) != v]
         return trainer
 
     def _gang_trainer(self, spec: RunSpec) -> Any:
