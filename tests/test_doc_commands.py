@@ -89,7 +89,7 @@ RUN_HERE = {
 }
 # Benchmarks whose --quick smoke run is run here (the full runs make the published figures).
 QUICK = {"benchmarks/overhead.py", "benchmarks/durability.py", "benchmarks/workers.py",
-         "benchmarks/time_to_best.py"}
+         "benchmarks/time_to_best.py", "benchmarks/real_shape.py"}
 OWN_SCRIPT = "my_experiment.py"  # the reader's script: the docs show it beside the command
 
 
