@@ -59,6 +59,16 @@ def test_expand_reports_a_bad_config_without_a_traceback(tmp_path, capsys):
     assert "learning_rate" in err and "RandomSearch" in err
 
 
+def test_a_lower_case_knob_in_yaml_is_refused_in_yaml_terms(tmp_path, capsys):
+    path = tmp_path / "grid.yaml"
+    path.write_text(f"output_dir: {tmp_path}\nuse_cpu: true\nbf16: false\n"
+                    "learning_rate: {list: [1.0e-4, 3.0e-4]}\n")
+    assert main(["expand", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "learning_rate" in err and "'list' is not a knob" in err
+    assert "learning_rate: {List: [0.0001, 0.0003]}" in err  # the YAML form of the fix
+
+
 @pytest.mark.parametrize("argv", [["--dry-run"], ["--dry-run", "--random", "4"]])
 def test_quickstart_shows_its_runs(argv, monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)
