@@ -78,6 +78,9 @@ RUN_BY: dict[str, list[tuple[str, list[str]]]] = {
     "trl-rapidfire report outputs/demo --out report/ --uri sqlite:////path/to/mlflow.db": [
         ("tests/test_report_plots.py::test_cli_report_by_training_loss_and_a_bad_folder",
          ['"report"', '"--uri"'])],
+    "python benchmarks/cli_startup.py": [
+        ("tests/test_tracked_runs.py::test_the_cli_startup_benchmark_prints_its_ratios",
+         ["cli_startup.py", "--quick"])],
     "python benchmarks/time_to_best.py --quick": [
         ("tests/test_time_to_best_benchmark.py", ["time_to_best", "--quick"])],
 }

@@ -218,7 +218,8 @@ def test_an_untracked_experiment_is_controlled_through_its_folder(tmp_path, caps
 
 
 def test_the_cli_never_imports_the_training_stack(tmp_path):
-    """--help, status, an op and an error: no torch or transformers import (seconds)."""
+    """--help, status, an op and an error: no torch or transformers import (seconds), and on
+    a local sqlite store not MLflow either (tracked_runs.py reads its tables)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(tmp_path / "exp", uri=uri)
     try:
@@ -232,8 +233,8 @@ def test_the_cli_never_imports_the_training_stack(tmp_path):
             f"assert main(['status', '--uri', {uri!r}]) == 0\n"
             f"assert main(['stop', 'run-0', '--uri', {uri!r}]) == 0\n"
             f"assert main(['stop', 'run-9', '--uri', {uri!r}]) == 2\n"  # an error's path too
-            "print('HEAVY', [m for m in ('torch', 'transformers', 'trl', 'peft') "
-            "if m in sys.modules])\n"
+            "print('HEAVY', [m for m in ('torch', 'transformers', 'trl', 'peft', 'mlflow', "
+            "'sqlalchemy') if m in sys.modules])\n"
         )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=120, cwd=tmp_path)

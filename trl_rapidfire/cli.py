@@ -22,7 +22,6 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 from . import __version__
 
@@ -76,8 +75,13 @@ def _where(args: argparse.Namespace) -> dict:
 def _check_store(uri: str, command: str) -> None:
     """A tracking server must answer ``/health`` within seconds; a sqlite store left
     half-created by a killed process is repaired as training would (or refused clearly)."""
-    if uri.startswith("sqlite:///"):
-        if Path(uri[len("sqlite:///"):]).is_file():
+    from .tracked_runs import sqlite_path, sqlite_ready
+
+    db = sqlite_path(uri)
+    if db is not None:
+        # A store with the tables the CLI reads is read as it is (tracked_runs.py); one
+        # without them is MLflow's to create or repair, at its cost of seconds.
+        if db.is_file() and not sqlite_ready(db):
             import warnings
 
             from .mlflow_store import ensure_schema
@@ -126,13 +130,16 @@ def _client_limits() -> Iterator[None]:
 def _expected_errors() -> tuple[type[BaseException], ...]:
     """What a bad call, a bad file or an unusable store raises: one line, exit 2. Anything
     else is a bug and keeps its traceback."""
+    import sqlite3
+
     import yaml
 
     from .store import StoreError
     from .tracking import TrackingStoreError
 
+    # sqlite3.Error: a local store locked past the timeout, or not a database (tracked_runs).
     kinds: list[type[BaseException]] = [ValueError, LookupError, OSError, yaml.YAMLError,
-                                        StoreError, TrackingStoreError]
+                                        StoreError, TrackingStoreError, sqlite3.Error]
     if "mlflow" in sys.modules:  # only imported once a command used it
         from mlflow.exceptions import MlflowException
 
@@ -207,7 +214,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     exp = find_experiment(**_where(args))
     rows = []
     for run in experiment_runs(exp):
-        tags, metrics = run.data.tags, run.data.metrics
+        tags, metrics = run.tags, run.metrics
         rows.append([tags.get("rapidfire.run"), tags.get("rapidfire.status", "-"),
                      tags.get("rapidfire.progress", "-"), format_value(metrics.get("loss")),
                      format_value(metrics.get("eval_loss")), tags.get("rapidfire.op", ""),

@@ -301,9 +301,8 @@ def deliver_op(run: str, op: str, *, next_run: bool = False, **where: Any
     ``next_run`` (the op then waits for its script's next ``train()``), and when the run's
     status rules the op out (stopping a completed run, resuming a running one).
     """
-    from mlflow import MlflowClient
-
     from .runs import RunStatus, status_op_refusal
+    from .tracked_runs import open_catalog
     from .tracking import OP_TAG, RUN_TAG, STATUS_TAG
 
     parsed = parse_op(op)
@@ -315,8 +314,8 @@ def deliver_op(run: str, op: str, *, next_run: bool = False, **where: Any
             "next_run=True) to leave the op for its next train()"
         )
     runs = experiment_runs(exp)
-    for mlflow_run in runs:
-        tags = mlflow_run.data.tags
+    for tracked in runs:
+        tags = tracked.tags
         if tags.get(RUN_TAG) != run:
             continue
         status = tags.get(STATUS_TAG)
@@ -324,9 +323,9 @@ def deliver_op(run: str, op: str, *, next_run: bool = False, **where: Any
             refusal = status_op_refusal(run, RunStatus(status), parsed.verb)
             if refusal is not None:
                 raise LookupError(f"{refusal} (experiment {exp.describe()})")
-        MlflowClient(exp.uri).set_tag(mlflow_run.info.run_id, OP_TAG, op)
-        return exp, mlflow_run.info.run_id
-    names = [r.data.tags.get(RUN_TAG) for r in runs]
+        open_catalog(exp.uri).set_tag(tracked.run_id, OP_TAG, op)
+        return exp, tracked.run_id
+    names = [r.tags.get(RUN_TAG) for r in runs]
     raise LookupError(f"no run named {run!r} in experiment {exp.name!r}; runs: {names}")
 
 

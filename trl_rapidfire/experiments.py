@@ -15,10 +15,9 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from .layout import Layout, run_order
+from .tracked_runs import RunCatalog, TrackedRun, open_catalog, sqlite_path
 
 __all__ = ["Experiment", "experiment_runs", "find_experiment", "list_experiments"]
 
@@ -57,28 +56,26 @@ class Experiment:
         return f"{self.name!r} ({self.rf_experiment[:8]}, {self.state})"
 
 
-def _state(run: Any, now: float) -> tuple[str, float | None]:
+def _state(run: TrackedRun, now: float) -> tuple[str, float | None]:
     from .tracking import HEARTBEAT_STALE, HEARTBEAT_TAG
 
-    beat = run.data.tags.get(HEARTBEAT_TAG, "")
+    beat = run.tags.get(HEARTBEAT_TAG, "")
     seen = float(beat) if re.fullmatch(r"\d+(\.\d+)?", beat) else None
-    status = run.info.status
-    if status == "RUNNING":
+    if run.status == "RUNNING":
         fresh = seen is not None and now - seen <= HEARTBEAT_STALE
         return ("training" if fresh else "not responding"), seen
-    return {"FINISHED": "finished", "FAILED": "failed"}.get(status, "killed"), seen
+    return {"FINISHED": "finished", "FAILED": "failed"}.get(run.status, "killed"), seen
 
 
-def _client_and_uri(uri: str | None) -> tuple[Any, str]:
+def _catalog(uri: str | None) -> RunCatalog:
     from .tracking import resolve_tracking_uri
 
     uri = uri or resolve_tracking_uri()
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+    path = sqlite_path(uri)
+    if path is not None and not path.exists():
         raise LookupError(f"no MLflow store at {uri}; set MLFLOW_TRACKING_URI or run from the "
                           "folder that holds mlflow.db")
-    from mlflow import MlflowClient  # seconds: only once there is a store to read
-
-    return MlflowClient(uri), uri
+    return open_catalog(uri)
 
 
 def _rf_id_of(output_dir: str | os.PathLike) -> str:
@@ -118,28 +115,23 @@ def list_experiments(
     """
     from .tracking import EXPERIMENT_TAG, ROLE_TAG
 
-    flt = f"tags.`{ROLE_TAG}` = 'experiment'"
+    wanted = {ROLE_TAG: "experiment"}
     if output_dir is not None:
-        flt += f" and tags.`{EXPERIMENT_TAG}` = '{_rf_id_of(output_dir)}'"
-    client, uri = _client_and_uri(uri)
+        wanted[EXPERIMENT_TAG] = _rf_id_of(output_dir)
+    catalog = _catalog(uri)
+    names = catalog.experiment_names()
     if experiment is not None:
-        exp = client.get_experiment_by_name(experiment)
-        if exp is None:
-            raise LookupError(f"no MLflow experiment named {experiment!r} in {uri}")
-        ids = [exp.experiment_id]
-    else:
-        ids = [e.experiment_id for e in client.search_experiments()]
-    if not ids:
-        return []
-    runs = client.search_runs(ids, filter_string=flt, order_by=["attributes.start_time DESC"],
-                              max_results=1000)
-    names = {i: client.get_experiment(i).name for i in {r.info.experiment_id for r in runs}}
+        experiment_id = catalog.experiment_id(experiment)
+        if experiment_id is None:
+            raise LookupError(f"no MLflow experiment named {experiment!r} in {catalog.uri}")
+        names = {experiment_id: experiment}
+    runs = catalog.runs(list(names), wanted)
     now = time.time()
     found = []
     for run in runs:
         state, seen = _state(run, now)
-        found.append(Experiment(uri, run.info.experiment_id, run.data.tags[EXPERIMENT_TAG],
-                                run.info.run_id, names[run.info.experiment_id], state, seen))
+        found.append(Experiment(catalog.uri, run.experiment_id, run.tags[EXPERIMENT_TAG],
+                                run.run_id, names[run.experiment_id], state, seen))
     return found
 
 
@@ -183,16 +175,10 @@ def find_experiment(
                       f"{_listed(found)}); {choose}")
 
 
-def experiment_runs(exp: Experiment) -> list[Any]:
+def experiment_runs(exp: Experiment) -> list[TrackedRun]:
     """The MLflow runs of ``exp``'s RF runs, in run order."""
-    from mlflow import MlflowClient
-
     from .tracking import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG
 
-    runs = MlflowClient(exp.uri).search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.`{ROLE_TAG}` = 'run' and tags.`{EXPERIMENT_TAG}` = "
-                      f"'{exp.rf_experiment}'",
-        max_results=5000,
-    )
-    return sorted(runs, key=lambda run: run_order(run.data.tags.get(RUN_TAG, "")))
+    runs = open_catalog(exp.uri).runs([exp.experiment_id],
+                                      {ROLE_TAG: "run", EXPERIMENT_TAG: exp.rf_experiment})
+    return sorted(runs, key=lambda run: run_order(run.tags.get(RUN_TAG, "")))
