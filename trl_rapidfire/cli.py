@@ -179,24 +179,19 @@ def _untracked(args: argparse.Namespace) -> bool:
 
 
 def _status_of_folder(output_dir: str) -> int:
-    import csv
-
     from .display import table
+    from .experiment_data import read_ops
     from .folder_control import Inbox, alive, folder_runs
     from .layout import Layout
 
     layout = Layout(output_dir)
-    last: dict[str, str] = {}
-    if layout.ops_log.is_file():
-        with open(layout.ops_log, encoding="utf-8", newline="") as fh:
-            for row in csv.DictReader(fh):
-                last[row.get("run", "")] = row.get("result", "")
+    last = {event.run: event.result for event in read_ops(layout.ops_log)}
     rows = [[r.name, r.status.value, r.global_step, r.chunks_done, last.get(r.name, "")]
             for r in folder_runs(output_dir)]
     who = alive(layout)
     state = "training" if who is not None else "not training"
     where = f" (pid {who.pid} on {who.host})" if who is not None else ""
-    waiting = sum(1 for _ in Inbox(layout).folder.glob("[!.]*.json")) if who else 0
+    waiting = Inbox(layout).waiting() if who else 0
     print(f"experiment in {output_dir} (not tracked in MLflow, {state}{where})")
     print(table(["run", "status", "steps", "chunks", "last op"], rows))
     if waiting:
@@ -241,20 +236,14 @@ def _cmd_op(args: argparse.Namespace) -> int:
         op = f"{'clone-warm' if args.warm else 'clone'} {json.dumps(overrides)}"
     else:
         op = args.command
-    if _untracked(args):
-        from .folder_control import post_op
-
-        who = post_op(args.output_dir, args.run, op, next_run=args.next_run)
-        when = ("at its next chunk boundary" if who is not None
-                else "when its script trains again")
-        print(f"{args.run}: {op} left in {args.output_dir} (not tracked in MLflow); it "
-              f"applies {when} (see `trl-rapidfire status --dir {args.output_dir}`)")
-        return 0
-    exp, _ = deliver_op(args.run, op, next_run=args.next_run, **_where(args))
-    when = ("at its next chunk boundary" if exp.training
-            else "when its script trains again")
-    print(f"{args.run}: {op} sent to experiment {exp.describe()}; it applies {when} "
-          "(see `trl-rapidfire status`)")
+    sent = deliver_op(args.run, op, next_run=args.next_run, **_where(args))
+    when = "at its next chunk boundary" if sent.training else "when its script trains again"
+    if sent.run_id is None:  # an untracked experiment: the op is a file in its folder
+        print(f"{args.run}: {op} left in {sent.target}; it applies {when} (see "
+              f"`trl-rapidfire status --dir {args.output_dir}`)")
+    else:
+        print(f"{args.run}: {op} sent to {sent.target}; it applies {when} (see "
+              "`trl-rapidfire status`)")
     return 0
 
 

@@ -36,16 +36,19 @@ from pathlib import Path
 from typing import Any
 
 from .experiments import Experiment, experiment_runs, find_experiment
+from .folder_control import Inbox, alive, folder_runs, is_untracked
 from .knobs import List, is_knob
 from .trust import UntrustedValue, check_tag_override
 
 __all__ = [
+    "Delivery",
     "Experiment",
     "Op",
     "OpError",
     "OpRecord",
     "VERBS",
     "append_op_row",
+    "check_op",
     "clone",
     "delete",
     "deliver_op",
@@ -283,69 +286,121 @@ def append_op_row(record: OpRecord, path: str | os.PathLike) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def send_op(run: str, op: str, *, next_run: bool = False, **where: Any) -> str:
-    """Set the op tag of ``run`` (see :func:`deliver_op`); returns the MLflow run id."""
-    return deliver_op(run, op, next_run=next_run, **where)[1]
+@dataclass(frozen=True)
+class Delivery:
+    """Where a sent op went.
+
+    Attributes:
+        target: the experiment, as a person tells it apart (``'demo' (1a2b3c4d, training)``,
+            or its folder for an experiment MLflow does not track).
+        training: whether a training process will apply it at its next chunk boundary (else
+            at the script's next ``train()``).
+        run_id: the MLflow run tagged; ``None`` for an untracked experiment (the op is a file
+            in its inbox, :mod:`.folder_control`).
+    """
+
+    target: str
+    training: bool
+    run_id: str | None = None
 
 
-def deliver_op(run: str, op: str, *, next_run: bool = False, **where: Any
-               ) -> tuple[Experiment, str]:
-    """Set the op tag of ``run`` (checked first); returns the experiment and the MLflow run
-    id it went to.
+def check_op(run: str, op: str, status: str | None = None) -> Op:
+    """``op`` for ``run`` as every sender checks it before sending: its syntax (raises
+    :class:`OpError`) and, when the run's ``status`` is known, whether that status rules it out
+    (stopping a completed run, resuming a running one: raises ``LookupError``)."""
+    from .runs import RunStatus, status_op_refusal
+
+    parsed = parse_op(op)
+    if status in {s.value for s in RunStatus} and not parsed.is_clone:
+        refusal = status_op_refusal(run, RunStatus(status), parsed.verb)
+        if refusal is not None:
+            raise LookupError(refusal)
+    return parsed
+
+
+def send_op(run: str, op: str, *, next_run: bool = False, **where: Any) -> str | None:
+    """Send ``op`` to ``run`` (see :func:`deliver_op`); returns the MLflow run id it was set
+    on (``None`` for an untracked experiment)."""
+    return deliver_op(run, op, next_run=next_run, **where).run_id
+
+
+def _not_training(what: str, op: str) -> LookupError:
+    return LookupError(
+        f"{what} is not training, so nothing would apply {op!r} until its script runs again: "
+        "re-run the script first, or add --next-run (Python: next_run=True) to leave the op "
+        "for its next train()")
+
+
+def deliver_op(run: str, op: str, *, next_run: bool = False, **where: Any) -> Delivery:
+    """Send ``op`` to ``run``, checked first (:func:`check_op`).
 
     ``where``: ``output_dir=``, ``experiment=`` and/or ``uri=`` as for :func:`find_experiment`;
-    with none of them, the experiment that is training in the store. The training process
-    applies the op at its next chunk boundary and writes the result tag.
+    with none of them, the experiment that is training in the store. A tracked experiment gets
+    the op as the run's tag ``rapidfire.op``, as from the MLflow UI; one MLflow does not track
+    (an ``output_dir`` with ``report_to="none"``) as a file in its inbox. The training process
+    applies it at its next chunk boundary and answers it.
 
     Refused (``LookupError``, with the reason) when the experiment is not training, unless
-    ``next_run`` (the op then waits for its script's next ``train()``), and when the run's
-    status rules the op out (stopping a completed run, resuming a running one).
+    ``next_run`` (the op then waits for its script's next ``train()``), when there is no such
+    run, and when the run's status rules the op out.
     """
-    from .runs import RunStatus, status_op_refusal
+    check_op(run, op)  # a typo is said first, before any store is opened
+    output_dir = where.get("output_dir")
+    if output_dir is not None and is_untracked(output_dir):
+        return _deliver_to_folder(run, op, output_dir, next_run)
     from .tracked_runs import open_catalog
     from .tracking import OP_TAG, RUN_TAG, STATUS_TAG
 
-    parsed = parse_op(op)
     exp = find_experiment(**where, latest_if_none_training=next_run)
     if not exp.training and not next_run:
-        raise LookupError(
-            f"experiment {exp.describe()} is not training, so nothing would apply {op!r} "
-            "until its script runs again: re-run the script first, or add --next-run (Python: "
-            "next_run=True) to leave the op for its next train()"
-        )
+        raise _not_training(f"experiment {exp.describe()}", op)
     runs = experiment_runs(exp)
     for tracked in runs:
-        tags = tracked.tags
-        if tags.get(RUN_TAG) != run:
+        if tracked.tags.get(RUN_TAG) != run:
             continue
-        status = tags.get(STATUS_TAG)
-        if not parsed.is_clone and status in {s.value for s in RunStatus}:
-            refusal = status_op_refusal(run, RunStatus(status), parsed.verb)
-            if refusal is not None:
-                raise LookupError(f"{refusal} (experiment {exp.describe()})")
+        try:
+            check_op(run, op, tracked.tags.get(STATUS_TAG))
+        except LookupError as err:
+            raise LookupError(f"{err} (experiment {exp.describe()})") from None
         open_catalog(exp.uri).set_tag(tracked.run_id, OP_TAG, op)
-        return exp, tracked.run_id
+        return Delivery(f"experiment {exp.describe()}", exp.training, tracked.run_id)
     names = [r.tags.get(RUN_TAG) for r in runs]
     raise LookupError(f"no run named {run!r} in experiment {exp.name!r}; runs: {names}")
 
 
-def stop(run: str, **where: Any) -> str:
+def _deliver_to_folder(run: str, op: str, output_dir: str | os.PathLike, next_run: bool
+                       ) -> Delivery:
+    from .layout import Layout
+
+    runs = {r.name: r for r in folder_runs(output_dir)}
+    if run not in runs:
+        raise LookupError(f"no run named {run!r} in {output_dir}; runs: {sorted(runs)}")
+    check_op(run, op, runs[run].status)
+    layout = Layout(output_dir)
+    training = alive(layout) is not None
+    if not training and not next_run:
+        raise _not_training(f"the experiment in {output_dir}", op)
+    Inbox(layout).post(run, op)
+    return Delivery(f"{output_dir} (not tracked in MLflow)", training)
+
+
+def stop(run: str, **where: Any) -> str | None:
     """Ask the experiment to stop ``run`` (see :func:`send_op`)."""
     return send_op(run, "stop", **where)
 
 
-def resume(run: str, **where: Any) -> str:
+def resume(run: str, **where: Any) -> str | None:
     """Ask the experiment to resume the stopped ``run``."""
     return send_op(run, "resume", **where)
 
 
-def delete(run: str, **where: Any) -> str:
+def delete(run: str, **where: Any) -> str | None:
     """Ask the experiment to delete ``run`` for good."""
     return send_op(run, "delete", **where)
 
 
 def clone(run: str, overrides: Mapping[str, Any] | None = None, *, warm: bool = False,
-          **where: Any) -> str:
+          **where: Any) -> str | None:
     """Ask the experiment to clone ``run`` with ``overrides`` (warm-started with ``warm``)."""
     verb = "clone-warm" if warm else "clone"
     return send_op(run, f"{verb} {json.dumps(dict(overrides or {}))}", **where)

@@ -29,6 +29,7 @@ __all__ = [
     "OpEvent",
     "RunData",
     "load_experiment",
+    "read_ops",
     "run_order",
 ]
 
@@ -137,7 +138,10 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _read_ops(path: Path) -> list[OpEvent]:
+def read_ops(path: str | os.PathLike) -> list[OpEvent]:
+    """The op log at ``path`` (``<output_dir>/ops.csv``), in the order handled; rows cut short
+    by a crash are skipped."""
+    path = Path(path)
     if not path.is_file():
         return []
     out = []
@@ -276,7 +280,7 @@ def load_experiment(
                           "or .rapidfire folder)")
     schedule = read_schedule_csv(root / "schedule.csv") if (
         root / "schedule.csv").is_file() else []
-    ops = sorted(_read_ops(root / "ops.csv"), key=lambda o: o.time)
+    ops = sorted(read_ops(root / "ops.csv"), key=lambda o: o.time)
     state = _scheduler_runs(root)
 
     keys = [TRAIN_METRIC, metric]

@@ -4,9 +4,9 @@ training process applies it at its next chunk boundary, as it applies an op set 
 ``.rapidfire/alive.json`` says which process is training the experiment now.
 
 The files are data, never code: an op file holds a run name and an op's text, both checked as
-a tag's are (:mod:`.control`, :mod:`.trust`); a file that does not parse is answered as a bad
-op. Every op file is written atomically (a temporary name, then a rename), so the training
-process never reads half of one.
+a tag's are, before the file is left (:func:`.control.deliver_op`) and when it is applied
+(:mod:`.trust`); a file that does not parse is answered as a bad op. Every op file is written
+atomically (a temporary name, then a rename), so the training process never reads half of one.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .layout import Layout, run_order
-from .runs import RunState, RunStatus, status_op_refusal
+from .runs import RunState
 
 __all__ = ["Inbox", "Liveness", "alive", "folder_runs", "is_untracked", "mark_alive",
-           "mark_ended", "post_op"]
+           "mark_ended"]
 
 
 class Inbox:
@@ -47,12 +47,16 @@ class Inbox:
 
     def has_mail(self) -> bool:
         """Whether an op waits (one directory read; called at every boundary)."""
+        return self.waiting() > 0
+
+    def waiting(self) -> int:
+        """How many ops wait for the next chunk boundary."""
         try:
             with os.scandir(self.folder) as entries:
-                return any(e.name.endswith(".json") and not e.name.startswith(".")
-                           for e in entries)
+                return sum(1 for e in entries
+                           if e.name.endswith(".json") and not e.name.startswith("."))
         except FileNotFoundError:
-            return False
+            return 0
 
     def take(self) -> list[tuple[str, str]]:
         """Remove and return every waiting op as ``(run, op text)``, oldest first. A file that
@@ -142,38 +146,3 @@ def folder_runs(output_dir: str | os.PathLike) -> list[RunState]:
     state = FileStore(Layout(output_dir).state_dir, fingerprint="", create=False).peek()
     runs = [] if state is None else list(state.runs.values())
     return sorted(runs, key=lambda r: run_order(r.name))
-
-
-def post_op(output_dir: str | os.PathLike, run: str, op: str, *, next_run: bool = False
-            ) -> Liveness | None:
-    """Leave ``op`` for ``run`` in the untracked experiment in ``output_dir``; returns who
-    trains it now (``None``: nobody, and ``next_run`` was given).
-
-    Checked first as the CLI checks an op for a tracked experiment: its syntax, the run's
-    existence and status, and that the experiment is training (else ``next_run`` leaves it
-    for the script's next ``train()``).
-
-    Raises:
-        LookupError: why the op is refused.
-    """
-    from .control import OpError, parse_op
-
-    try:
-        parsed = parse_op(op)
-    except OpError as err:
-        raise LookupError(str(err)) from None
-    runs = {r.name: r for r in folder_runs(output_dir)}
-    if run not in runs:
-        raise LookupError(f"no run named {run!r} in {output_dir}; runs: {sorted(runs)}")
-    if not parsed.is_clone:
-        refusal = status_op_refusal(run, RunStatus(runs[run].status), parsed.verb)
-        if refusal is not None:
-            raise LookupError(refusal)
-    who = alive(Layout(output_dir))
-    if who is None and not next_run:
-        raise LookupError(
-            f"the experiment in {output_dir} is not training, so nothing would apply {op!r} "
-            "until its script runs again: re-run the script first, or add --next-run to leave "
-            "the op for its next train()")
-    Inbox(Layout(output_dir)).post(run, op)
-    return who
