@@ -86,8 +86,8 @@ def _rf_id_of(output_dir: str | os.PathLike) -> str:
             raise LookupError(
                 f"{output_dir} holds an experiment that is not tracked in MLflow (its config "
                 "has report_to without \"mlflow\"): reach it through its folder "
-                "(trl_rapidfire.control.send_op(..., output_dir=...), or the CLI with --dir), or from its "
-                "script (trainer.stop('run-1'), ...)."
+                "(the CLI with --dir, or trl_rapidfire.control.send_op(..., output_dir=...)), "
+                "or from its script (trainer.stop('run-1'), ...)."
             )
         raise LookupError(f"{output_dir} holds no trl-rapidfire experiment ({marker} is "
                           "missing)")
