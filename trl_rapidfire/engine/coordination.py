@@ -9,8 +9,10 @@ turn ends, clones are built) is the caller's: :meth:`Coordinator.claim` returns 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import enum
 import json
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -79,6 +81,25 @@ class Done(_Claim):
 Claim = Turn | Wait | Retry | Done
 
 
+@dataclass(eq=False)
+class _Pending:
+    """A chunk trained here, not yet recorded in the shared state.
+
+    ``committed`` resolves once the background writer has written the chunk's checkpoint and
+    recorded the chunk (or what stopped it) in the shared state, in a transaction of its own,
+    fsync'd: that cost stays off the switch path. ``None``: no checkpoint is written
+    (durability off); the next claim records it."""
+
+    slot: RunSlot
+    record: ChunkRecord
+    complete: bool  # the run's train() ended with this chunk
+    chunks_total: int  # the run's plan as of this chunk
+    committed: concurrent.futures.Future | None = None
+    # What recording did: ("ok", chunks done), ("lost", ""), ("fault", message),
+    # ("failed", error) or ("raised", the exception the state's write raised).
+    outcome: tuple[str, Any] | None = None
+
+
 class GangWait(enum.Enum):
     """How waiting for a gang's members ended."""
 
@@ -120,8 +141,13 @@ class Coordinator:
         self._fault = fault
         self._train_calls = 0  # run() calls so far (the same in every worker of a launch)
         self._claimed: tuple[str, int] | None = None
-        # Chunks trained but not yet recorded: (run, its checkpoint write, the chunk).
-        self._pending: list[tuple[RunSlot, Any, ChunkRecord]] = []
+        # Chunks trained but not yet recorded, oldest first.
+        self._pending: list[_Pending] = []
+        # Held by the writer while it records a chunk, and by this worker's own transactions:
+        # a transaction that takes the shared state's records as this worker's view (sync)
+        # first takes in every chunk the writer recorded, never half of one.
+        self._commits = threading.Lock()
+        self._settled: list[RunSlot] = []  # runs whose chunks were recorded: turns to end
 
     # ------------------------------------------------------------------ this worker's view
 
@@ -211,11 +237,11 @@ class Coordinator:
     def claim(self) -> Claim:
         """Claim the next (run, chunk), recording in the same transaction the chunks whose
         checkpoints are on disk."""
-        finished: list[RunSlot] = []
         claimed = write = None
-        with self.store.transaction(durable=bool(self._pending)) as st:
-            if self._pending:
-                finished = self._record_finishes(st)
+        # Not fsync'd: a claim is soft state (a crash loses the lease, not work), and the
+        # records that must be durable were committed by the writer already.
+        with self._transaction(durable=False) as st:
+            finished = self._record_finishes(st)
             clones = self._unbuilt_clones(st)
             # Under a launch nothing trains before the first worker has applied the ops its
             # script queued before train() (e.g. a stop).
@@ -225,7 +251,8 @@ class Coordinator:
             held = self.worker.launched and st.ready != token
             if held and self.worker.rank == 0:
                 st.ready, held = token, False
-            writing = {slot.name: w for slot, w, _ in self._pending}
+            writing = {e.slot.name: e.committed for e in self._pending
+                       if e.committed is not None}
             if not clones and not held and writing:
                 # A run whose checkpoint is still being written stays claimed by this worker;
                 # if it is the one to train next, wait for its write instead of moving on.
@@ -253,89 +280,140 @@ class Coordinator:
         """Give back a claim whose chunk was not finished (the loop stopped in its turn)."""
         if self._claimed is not None:
             name, self._claimed = self._claimed[0], None
-            with self.store.transaction() as st:
+            with self._transaction() as st:
                 release(st, name, self.worker.id)
 
     def release(self, slot: RunSlot, *, sync: bool = False) -> None:
         """Give back ``slot``'s claim: its turn did not move it (or met a disk fault)."""
-        with self.store.transaction() as st:
+        with self._transaction() as st:
             release(st, slot.name, self.worker.id)
             if sync:
                 self.sync(st)
 
     def fail(self, slot: RunSlot) -> None:
         """Record in the shared state that ``slot`` failed (its turn ends: see the caller)."""
-        with self.store.transaction() as st:
+        with self._transaction() as st:
             fail_claimed(st, slot.name, self.worker.id, slot.error)
             self.sync(st)
 
     # ------------------------------------------------------------------ finished chunks
 
+    @contextlib.contextmanager
+    def _transaction(self, durable: bool = True) -> Iterator[Any]:
+        """A transaction of this worker's loop: no record of the writer is in flight, and
+        the ones it made are taken in first (see ``_commits``)."""
+        with self._commits, self.store.transaction(durable=durable) as st:
+            self._settle()
+            yield st
+
     def defer_finish(self, slot: RunSlot, record: ChunkRecord) -> None:
-        """Record ``slot``'s chunk once its checkpoint is on disk, in the transaction of a
-        later claim (one lock and write per chunk, not two)."""
+        """Have ``slot``'s chunk recorded once its checkpoint is on disk: by the background
+        writer, right after the checkpoint (one fsync'd transaction per chunk, none on the
+        switch path); with no checkpoint written, by the next claim."""
         write, slot.write = slot.write, None
-        self._pending.append((slot, write, record))
+        entry = _Pending(slot, record, complete=slot.finished, chunks_total=len(slot.plan))
+        self._pending.append(entry)
+        if write is not None:
+            entry.committed = concurrent.futures.Future()
+            # Run by the writer thread once the checkpoint is whole (at once, here, if it is
+            # already).
+            write.add_done_callback(lambda done: self._commit(entry, done.exception()))
 
     def pending_chunks(self) -> Iterator[tuple[str, int]]:
         """(run, chunk number) of every chunk trained here and not recorded yet."""
-        for slot, _, record in self._pending:
-            yield slot.name, record.number
+        for entry in self._pending:
+            yield entry.slot.name, entry.record.number
 
-    def _record_finishes(self, st: Any, *, wait: bool = False) -> list[RunSlot]:
-        """Inside a transaction: record the chunks whose checkpoints are on disk (all of them,
-        waiting for their writes, with ``wait``). A run whose write failed fails."""
-        done, left = [], []
-        for slot, write, record in self._pending:
-            if write is not None and not write.done() and not wait:
-                left.append((slot, write, record))
+    def _commit(self, entry: _Pending, error: BaseException | None) -> None:
+        """In the writer thread: record ``entry``'s chunk (or why it cannot be) durably."""
+        with self._commits:
+            try:
+                with self.store.transaction() as st:
+                    outcome = self._store_record(st, entry, error)
+            except BaseException as exc:  # noqa: BLE001 - raised in the loop, not lost here
+                outcome = ("raised", exc)
+            entry.outcome = outcome
+            entry.committed.set_result(None)
+
+    def _store_record(self, st: Any, entry: _Pending, error: BaseException | None
+                      ) -> tuple[str, Any]:
+        """Inside a transaction: the chunk recorded as done, or released (a disk fault: the
+        previous boundary stays on disk and recorded, a re-run trains the chunk again from
+        there; nothing is failed), or the run failed (its checkpoint could not be written)."""
+        name = entry.slot.name
+        if error is not None and disk_fault(error, ours=True) is not None:
+            release(st, name, self.worker.id)
+            return ("fault", str(error) if isinstance(error, ExperimentFault) else
+                    fault_message("the checkpoint", None, disk_fault(error, ours=True)))
+        if error is not None:
+            message = f"writing its checkpoint failed: {type(error).__name__}: {error}"
+            fail_claimed(st, name, self.worker.id, message)
+            return ("failed", message)
+        st.chunks_total[name] = entry.chunks_total
+        if finish_chunk(st, name, self.worker.id, entry.record.number,
+                        global_step=entry.record.end_step, complete=entry.complete):
+            append_schedule_row(entry.record, self.schedule_path)
+            return ("ok", st.runs[name].chunks_done)
+        return ("lost", None)
+
+    def _settle(self) -> None:
+        """Take in the chunks the writer recorded (``_commits`` held): this worker's view of
+        each run moves on, and the runs' turns end at the next claim."""
+        left = []
+        for entry in self._pending:
+            if entry.outcome is None:
+                left.append(entry)
                 continue
-            error = write.exception() if write is not None else None
-            if error is not None and disk_fault(error, ours=True) is not None:
-                # The previous boundary stays on disk and recorded: a re-run trains the chunk
-                # again from there. Nothing is failed.
-                self._fault.note(str(error) if isinstance(error, ExperimentFault)
-                                 else fault_message("the checkpoint", None,
-                                                    disk_fault(error, ours=True)))
-                release(st, slot.name, self.worker.id)
+            kind, detail = entry.outcome
+            slot = entry.slot
+            if kind == "raised":  # the shared state could not be written: as if here
+                self._pending = left + self._pending[self._pending.index(entry) + 1:]
+                raise detail
+            if kind == "fault":
+                self._fault.note(detail)
                 continue
-            if error is not None:
-                slot.error = f"writing its checkpoint failed: {type(error).__name__}: {error}"
-                fail_claimed(st, slot.name, self.worker.id, slot.error)
-                done.append(slot)
-                continue
-            st.chunks_total[slot.name] = len(slot.plan)
-            ok = finish_chunk(st, slot.name, self.worker.id, record.number,
-                              global_step=record.end_step, complete=slot.finished)
-            if ok:
-                append_schedule_row(record, self.schedule_path)
-                self.schedule.append(record)
-                slot.local_chunks = st.runs[slot.name].chunks_done
+            if kind == "failed":
+                slot.error = detail
+            elif kind == "ok":
+                self.schedule.append(entry.record)
+                slot.local_chunks = detail
             else:
                 warnings.warn(f"{slot.name}: this worker lost its claim on chunk "
-                              f"{record.number} (lease expired); another worker redoes it.",
-                              RuntimeWarning, stacklevel=4)
+                              f"{entry.record.number} (lease expired); another worker redoes "
+                              "it.", RuntimeWarning, stacklevel=5)
                 slot.local_chunks = -1
-            done.append(slot)
+            self._settled.append(slot)
         self._pending = left
+
+    def _record_finishes(self, st: Any) -> list[RunSlot]:
+        """Inside a transaction: record the chunks that have no checkpoint to wait for;
+        returns the runs whose chunks are recorded since the last call (turns to end)."""
+        for entry in self._pending:
+            if entry.committed is None:
+                entry.outcome = self._store_record(st, entry, None)
+        self._settle()
+        done, self._settled = self._settled, []
         return done
 
     def flush_finishes(self) -> list[RunSlot]:
         """Record every chunk trained here, waiting for its checkpoint (and for a gang chunk
         to be recorded by its last member); returns the runs whose turns ended."""
         self._wait_for_gang_record()
-        if not self._pending:
+        # Outside every lock: the writer takes ``_commits`` to record.
+        concurrent.futures.wait([e.committed for e in self._pending if e.committed])
+        if not self._pending and not self._settled:
             return []
-        with self.store.transaction() as st:
-            slots = self._record_finishes(st, wait=True)
+        with self._transaction() as st:
+            slots = self._record_finishes(st)
             self.sync(st)
         return slots
 
     def wait_for_a_write(self) -> bool:
-        """Block until the oldest pending checkpoint write ends; ``False`` if none is."""
-        for _, write, _ in self._pending:
-            if write is not None:
-                concurrent.futures.wait([write])
+        """Block until the oldest chunk waiting for its checkpoint is recorded; ``False`` if
+        none waits."""
+        for entry in self._pending:
+            if entry.committed is not None:
+                concurrent.futures.wait([entry.committed])
                 return True
         return bool(self._pending)
 
@@ -347,7 +425,7 @@ class Coordinator:
         it could not form within ``gang_wait_seconds`` (then the run fails, saying why)."""
         deadline = time.time() + self.gang_wait_seconds
         while True:
-            with self.store.transaction(durable=False) as st:
+            with self._transaction(durable=False) as st:
                 expire(st, now=time.time())
                 ready = gang_ready(st)
                 if ready is None or st.gang["run"] != slot.name:
@@ -373,7 +451,7 @@ class Coordinator:
         if not any(slot.gang for slot in self.slots.values()):
             return
         while True:
-            with self.store.transaction(durable=False) as st:
+            with self._transaction(durable=False) as st:
                 expire(st, now=time.time())  # a member that died ends the gang
                 if st.gang is None or self.worker.id not in st.gang["done"]:
                     self.sync(st)  # the chunk as the last member recorded it
@@ -383,7 +461,7 @@ class Coordinator:
     def finish_gang_chunk(self, slot: RunSlot, record: ChunkRecord) -> None:
         """This member's share of the chunk (and of its checkpoint) is done: record it; the
         last member to get here records the chunk itself."""
-        with self.store.transaction() as st:
+        with self._transaction() as st:
             st.chunks_total[slot.name] = len(slot.plan)
             last = finish_gang_chunk(st, slot.name, self.worker.id, record.number,
                                      global_step=record.end_step, complete=slot.finished)

@@ -114,6 +114,7 @@ class Engine:
         self._fault = FaultNote()
         self._clock = WallClock()
         self._reporter = Reporter(tracker)
+        self._lease = LeaseKeeper(self.store, self.worker.id)
         self._turns = Turns(output_dir=self.output_dir, cache=cache, pool=pool,
                             slots=self.slots, rank=self.worker.rank, replanned=self.replanned,
                             rebuild=runs.rebuild if runs is not None else None)
@@ -347,11 +348,11 @@ class Engine:
             self._progress.start(slot.name)
         t0 = time.time()
         self._reporter.set_active(True)  # MLflow work runs while the chunk computes...
-        keeper = LeaseKeeper(self.store, self.worker.id, slot.name, self.lease_seconds)
+        self._lease.hold(slot.name, self.lease_seconds)
         try:
             slot.coroutine.resume()
         finally:
-            keeper.stop()
+            self._lease.drop()
             self._reporter.set_active(False)  # ...and waits while the engine switches
         t1 = time.time()
         self._turns.switch_out(slot)
