@@ -7,6 +7,9 @@ the file-locked store sustains with several contending worker processes.
     ``FileStore`` (JSON under a file lock, atomic fsync'd writes) for ``--seconds``: total
     claims per second, and the same with a single process for comparison.
 
+(3) One claim + finish transaction at 10 runs and at ``--runs`` runs: the cost of a turn's
+    claim as the experiment grows. Target: within 2x.
+
 Run: ``python benchmarks/scheduler.py``. Times are for this machine and its disk; the ratios
 (contended vs single) matter more than the absolute numbers.
 """
@@ -73,6 +76,25 @@ def claims_per_second(workers: int, runs: int, seconds: float) -> float:
         return total / seconds
 
 
+def transaction_time(runs: int, transactions: int = 100) -> float:
+    """Median seconds of one claim + finish in one non-durable transaction of a ``FileStore``
+    holding ``runs`` runs (one process): what a turn's claim costs as the experiment grows."""
+    with tempfile.TemporaryDirectory(prefix="rf-scheduler-bench-") as tmp:
+        store = FileStore(str(Path(tmp) / ".rapidfire"), "bench")
+        with store.transaction() as state:
+            for i in range(runs):
+                state.add_run(f"run-{i}", 1_000_000, {"learning_rate": 1e-3 * (i + 1),
+                                                      "lr_scheduler_type": "cosine"})
+        times = []
+        for _ in range(transactions):
+            t0 = time.perf_counter()
+            with store.transaction(durable=False) as state:
+                claimed = claim_next(state, "w0", now=time.time(), lease_seconds=LEASE)
+                finish_chunk(state, claimed[0], "w0", claimed[1])
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
@@ -89,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(2) file-locked store, {store_runs} runs: {single:.0f} claims/s with 1 process, "
           f"{many:.0f} claims/s with {args.workers} contending processes "
           f"(ratio {many / single:.2f}); each claim is two transactions (claim, finish)")
+    small, large = transaction_time(10), transaction_time(args.runs)
+    ratio = large / small
+    print(f"(3) one transaction (claim + finish, not fsync'd): {small * 1e3:.2f} ms at 10 runs, "
+          f"{large * 1e3:.2f} ms at {args.runs} runs (ratio {ratio:.1f})   target <= 2   "
+          f"[{'met' if ratio <= 2 else 'MISSED'}]")
     return 0
 
 

@@ -413,6 +413,7 @@ class Engine:
             self._flush_finishes()  # a finished chunk is never lost, whatever stopped
         with self._fault.kept():
             self._shared.release_claim()
+        self._turns.drain()  # a completed run's checkpoints are gone when train() returns
         if self.worker.rank == 0:
             mark_ended(self.layout)
         gc.unfreeze()

@@ -272,9 +272,14 @@ class Turns:
                 slot.coroutine.abort()
 
     def remove_checkpoints(self, slot: RunSlot) -> None:
-        """A completed run's boundary checkpoints go (its final weights are written)."""
+        """A completed run's boundary checkpoints go (its final weights are written), by the
+        writer thread: ~2 ms of the switch on the tiny model, more with a real one."""
         inside(self.output_dir, slot.checkpoints)
-        shutil.rmtree(slot.checkpoints, ignore_errors=True)
+        self._writer.submit(shutil.rmtree, slot.checkpoints, ignore_errors=True)
+
+    def drain(self) -> None:
+        """Wait until everything handed to the writer thread is done."""
+        self._writer.submit(lambda: None).result()
 
     # ------------------------------------------------------------------ continuing from disk
 
