@@ -117,7 +117,8 @@ class Engine:
         self._lease = LeaseKeeper(self.store, self.worker.id)
         self._turns = Turns(output_dir=self.output_dir, cache=cache, pool=pool,
                             slots=self.slots, rank=self.worker.rank, replanned=self.replanned,
-                            rebuild=runs.rebuild if runs is not None else None)
+                            rebuild=runs.rebuild if runs is not None else None,
+                            stats=self.stats)
         self._turns.durable = durable
         self._shared = Coordinator(
             store=self.store, worker=self.worker, slots=self.slots, forget=self._turns.forget,

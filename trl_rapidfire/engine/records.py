@@ -47,6 +47,12 @@ class EngineStats:
     wall: float = 0.0
     compute: float = 0.0
     turns: int = 0
+    # Boundary checkpoints: how many, the time spent on them inside the runs' turns (counted
+    # in ``compute``: references, copies, RNG streams) and on the writer thread while the
+    # next run trains (the files and their fsyncs).
+    checkpoints: int = 0
+    checkpoint_in_turn: float = 0.0
+    checkpoint_writing: float = 0.0
 
     @property
     def switching(self) -> float:

@@ -27,7 +27,7 @@ from ..switch import Aborted, RngState
 from ..trust import inside
 from .building import plan_for
 from .callback import ChunkCallback
-from .records import RunSlot, WeightsAt
+from .records import EngineStats, RunSlot, WeightsAt
 from .run_trainer import RunTrainer
 from .support import disk_faults
 
@@ -43,6 +43,7 @@ class Turns:
         pool: the shared base models (moved on and off a CUDA device as runs take turns).
         slots: the engine's runs (shared, not copied).
         rank: this worker's rank (the first member of a gang prunes its checkpoints).
+        stats: where the boundary checkpoints' counts and times are added up.
         replanned: told when a run's plan changes.
         rebuild: a fresh trainer for a run that continues from its checkpoint (``None``:
             this experiment cannot rebuild one).
@@ -52,6 +53,7 @@ class Turns:
         self, *, output_dir: Path, cache: StateCache, pool: ModelPool | None,
         slots: dict[str, RunSlot], rank: int, replanned: Callable[[], None],
         rebuild: Callable[[RunSlot], RunTrainer] | None = None,
+        stats: EngineStats | None = None,
     ) -> None:
         self.output_dir = output_dir
         self.cache = cache
@@ -64,6 +66,7 @@ class Turns:
         self.rebuild = rebuild
         # The run whose tensors were switched in last.
         self.resident: RunSlot | None = None
+        self.stats = stats if stats is not None else EngineStats()
         self._replanned = replanned
         # One thread writes boundary checkpoints while the next run trains.
         self._writer = concurrent.futures.ThreadPoolExecutor(
@@ -113,17 +116,24 @@ class Turns:
                     target, slot.checkpoints / f"checkpoint-{slot.state.global_step}"))
             slot.write = None
             return
+        started = time.perf_counter()
         with disk_faults("the checkpoint", target):
             finish = slot.trainer.rf_save_boundary(target, rng)
+        self.stats.checkpoints += 1
+        self.stats.checkpoint_in_turn += time.perf_counter() - started
         # The checkpoint of the last boundary the shared state has recorded stays until this
         # one is recorded too (a crash in between resumes from it); older ones go.
         keep = (target, slot.checkpoints / f"checkpoint-{slot.state.global_step}")
         folder = slot.checkpoints
 
         def write() -> None:
-            with disk_faults("the checkpoint", target):
-                finish()
-                prune_checkpoints(folder, keep=keep)
+            started = time.perf_counter()
+            try:
+                with disk_faults("the checkpoint", target):
+                    finish()
+                    prune_checkpoints(folder, keep=keep)
+            finally:
+                self.stats.checkpoint_writing += time.perf_counter() - started
 
         # Written while the next run trains; the chunk is recorded as done only after.
         slot.write = self._writer.submit(write)
