@@ -184,9 +184,9 @@ class Tracker:
         self.active.set()
         with self._setup_lock:
             self.parent_run_id = self._find_or_create("", role="experiment")
-        self._thread = threading.Thread(target=self._loop, name="rapidfire-tracking",
-                                        daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        self._ensure_thread()
 
     # ------------------------------------------------------------------ runs
 
@@ -299,7 +299,7 @@ class Tracker:
                 self._write_pending()
                 self.client.set_terminated(self._runs[name].run_id, mlflow_status)
 
-            self._jobs.put(job)
+            self._put(job)
 
     # ------------------------------------------------------------------ the experiment
 
@@ -311,7 +311,7 @@ class Tracker:
             self._beat()
 
         self._beating = True
-        self._jobs.put(job)
+        self._put(job)
 
     def experiment_ended(self, outcome: str) -> None:
         """A ``train()`` call ended (``finished``, ``failed`` or ``killed``): the parent run
@@ -323,7 +323,7 @@ class Tracker:
             self._write_pending()
             self.client.set_terminated(self.parent_run_id, status)
 
-        self._jobs.put(job)
+        self._put(job)
 
     def _beat(self) -> None:
         self.client.set_tag(self.parent_run_id, HEARTBEAT_TAG, str(int(time.time())))
@@ -348,7 +348,7 @@ class Tracker:
             self._consumed[name] = _Consumed(op)
             # An older result queued for this run (a policy's) must not land after this answer.
             self._pending_tags.get(name, {}).pop(OP_RESULT_TAG, None)
-        self._jobs.put(partial(self._answer, name, run_id, op, result))
+        self._put(partial(self._answer, name, run_id, op, result))
 
     def _answer(self, name: str, run_id: str, op: str, result: str) -> None:
         """Compare-and-delete the op tag first, then write the result and the answer count: a
@@ -380,7 +380,7 @@ class Tracker:
         """Poll the control tags synchronously (tests; the thread polls on its own)."""
         self.active.set()
         done = threading.Event()
-        self._jobs.put(lambda: (self._poll(), done.set()))
+        self._put(lambda: (self._poll(), done.set()))
         done.wait(timeout=30)
 
     def _poll(self) -> None:
@@ -423,6 +423,34 @@ class Tracker:
 
     # ------------------------------------------------------------------ the thread
 
+    def _ensure_thread(self) -> None:
+        """The background thread, (re)started if :meth:`suspend` stopped it."""
+        with self._thread_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._loop, name="rapidfire-tracking",
+                                                daemon=True)
+                self._thread.start()
+
+    def _put(self, job: Callable[[], None]) -> None:
+        self._ensure_thread()
+        self._jobs.put(job)
+
+    def suspend(self) -> None:
+        """Write what is queued and stop the background thread until the next write, poll or
+        :meth:`resume` (between ``train()`` calls: a notebook that trains many experiments
+        keeps no idle thread, and nothing of them, alive)."""
+        self.flush()
+        with self._thread_lock:
+            if self._thread is not None and self._thread.is_alive():
+                self._stop.set()
+                self._jobs.put(lambda: None)
+                self._thread.join(timeout=30)
+
+    def resume(self) -> None:
+        """Start the background thread again (a ``train()`` call begins)."""
+        self._ensure_thread()
+
     def _loop(self) -> None:
         next_poll = next_write = next_beat = 0.0
         while True:
@@ -433,6 +461,8 @@ class Tracker:
                 job = None
             if job is not None:
                 self._run_job(job)
+                if self._stop.is_set() and self._jobs.empty():
+                    return
                 continue
             if self._stop.is_set():
                 return
@@ -465,7 +495,7 @@ class Tracker:
         """Wait until every queued write is done."""
         self.active.set()
         done = threading.Event()
-        self._jobs.put(lambda: (self._write_pending(), done.set()))
+        self._put(lambda: (self._write_pending(), done.set()))
         done.wait(timeout=timeout)
 
     def close(self, parent_status: str | None = "FINISHED") -> None:
@@ -473,6 +503,4 @@ class Tracker:
         if parent_status is not None:
             self._jobs.put(lambda: self.client.set_terminated(self.parent_run_id, parent_status))
         self.flush()
-        self._stop.set()
-        self._jobs.put(lambda: None)
-        self._thread.join(timeout=30)
+        self.suspend()

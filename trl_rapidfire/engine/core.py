@@ -414,7 +414,10 @@ class Engine:
             self._flush_finishes()  # a finished chunk is never lost, whatever stopped
         with self._fault.kept():
             self._shared.release_claim()
-        self._turns.drain()  # a completed run's checkpoints are gone when train() returns
+        # A completed run's checkpoints are gone when train() returns, and no thread of this
+        # call outlives it.
+        self._turns.drain()
+        self._lease.close()
         if self.worker.rank == 0:
             mark_ended(self.layout)
         gc.unfreeze()

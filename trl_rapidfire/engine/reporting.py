@@ -71,6 +71,7 @@ class Reporter:
         """A ``run()`` call begins; ``polling``: this worker applies ops from tags."""
         self._leader = polling
         if self.tracker is not None:
+            self.tracker.resume()
             if polling:
                 self.tracker.polling.set()
                 self.tracker.experiment_started()
@@ -101,8 +102,8 @@ class Reporter:
                     s.state.status == RunStatus.FAILED for s in slots):
                 outcome = "failed"  # train() raises: every run failed
             self.tracker.experiment_ended(outcome)
-        self.tracker.flush()
         self.tracker.polling.clear()  # nothing reads ops until the next train()
+        self.tracker.suspend()  # what is queued is written; its thread ends until then
         if self.tracker.errors:
             warnings.warn(
                 f"MLflow tracking failed {len(self.tracker.errors)} time(s) (training "

@@ -158,10 +158,21 @@ class LeaseKeeper:
         """The turn is over: renew nothing until the next :meth:`hold`."""
         self._held = None
 
+    def close(self) -> None:
+        """The ``run()`` call ended: the thread ends (the next :meth:`hold` starts one)."""
+        self._held = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._wake.set()
+            thread.join(timeout=30)
+            self._wake.clear()
+
     def _loop(self) -> None:
         while True:
             held = self._held
             self._wake.wait(held[1] / 4 if held else 1.0)
+            if self._wake.is_set():
+                return
             held = self._held
             if held is None:
                 continue

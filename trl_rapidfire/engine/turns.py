@@ -68,10 +68,9 @@ class Turns:
         self.resident: RunSlot | None = None
         self.stats = stats if stats is not None else EngineStats()
         self._replanned = replanned
-        # One thread writes boundary checkpoints while the next run trains.
-        self._writer = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="rapidfire-checkpoint"
-        )
+        # One thread writes boundary checkpoints while the next run trains (made at the first
+        # write of each run() call, ended by drain()).
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ the callback's host
 
@@ -287,9 +286,18 @@ class Turns:
         inside(self.output_dir, slot.checkpoints)
         self._writer.submit(shutil.rmtree, slot.checkpoints, ignore_errors=True)
 
+    @property
+    def _writer(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="rapidfire-checkpoint")
+        return self._pool
+
     def drain(self) -> None:
-        """Wait until everything handed to the writer thread is done."""
-        self._writer.submit(lambda: None).result()
+        """Wait until everything handed to the writer thread is done, and end the thread."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     # ------------------------------------------------------------------ continuing from disk
 
