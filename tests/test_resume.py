@@ -47,6 +47,21 @@ class _CtrlC(TrainerCallback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
+@pytest.fixture(scope="module")
+def warm_clone_reference(tmp_path_factory):
+    """run-0 stopped by Ctrl-C after its second chunk (step 8), then warm-cloned with
+    learning rate 2e-3 while its state is live, and everything trained to the end in one
+    session: the reference of both warm-clone tests below."""
+    out = tmp_path_factory.mktemp("warm-clone") / "ref"
+    ref = _session(out, callbacks=[_CtrlC(1e-3, 6)])
+    with pytest.raises(KeyboardInterrupt):
+        ref.train()
+    ref.clone("run-0", {"learning_rate": 2e-3}, warm=True)
+    ref.train()
+    assert {r.name: r.status for r in ref.runs}["run-2"] == RunStatus.COMPLETED
+    return out
+
+
 def _session(out, callbacks=None, **overrides):
     return RFSFTTrainer(
         model=tiny_model_path(),
@@ -140,21 +155,17 @@ def test_rerun_with_other_configs_moves_the_old_experiment_aside_and_starts_afre
         _assert_same(_adapter(tmp_path / "fresh", run), _adapter(tmp_path / "exp", run))
 
 
-def test_a_warm_clone_survives_an_interrupted_session_and_ends_as_if_uninterrupted(tmp_path):
+def test_a_warm_clone_survives_an_interrupted_session_and_ends_as_if_uninterrupted(
+    tmp_path, warm_clone_reference
+):
     stop_parent = _CtrlC(1e-3, 6)  # run-0 stops after its second chunk (step 8)
 
     def clone_then_train(trainer):
         trainer.clone("run-0", {"learning_rate": 2e-3}, warm=True)
         trainer.train()
 
-    # Reference: the clone made at the same point and trained to the end in one session.
-    ref = _session(tmp_path / "ref", callbacks=[stop_parent])
-    with pytest.raises(KeyboardInterrupt):
-        ref.train()
-    clone_then_train(ref)
-    assert {r.name: r.status for r in ref.runs}["run-2"] == RunStatus.COMPLETED
-
-    # The same, but the session is interrupted in the clone's second chunk...
+    # Reference (the fixture): the clone made at the same point and trained to the end in
+    # one session. The same, but the session is interrupted in the clone's second chunk...
     out = tmp_path / "exp"
     first = _session(out, callbacks=[stop_parent, _CtrlC(2e-3, 6)])
     with pytest.raises(KeyboardInterrupt):
@@ -169,19 +180,14 @@ def test_a_warm_clone_survives_an_interrupted_session_and_ends_as_if_uninterrupt
     assert runs["run-2"].status == RunStatus.COMPLETED
     assert runs["run-2"].knobs["learning_rate"] == 2e-3
     for run in ("run-0", "run-1", "run-2"):
-        _assert_same(_adapter(tmp_path / "ref", run), _adapter(out, run))
+        _assert_same(_adapter(warm_clone_reference, run), _adapter(out, run))
 
 
 def test_a_warm_clone_of_a_run_trained_in_an_earlier_session_starts_from_its_checkpoint(
-    tmp_path,
+    tmp_path, warm_clone_reference
 ):
     stop_parent = _CtrlC(1e-3, 6)
-    # Reference: the parent's state is live when the clone is made.
-    ref = _session(tmp_path / "ref", callbacks=[stop_parent])
-    with pytest.raises(KeyboardInterrupt):
-        ref.train()
-    ref.clone("run-0", {"learning_rate": 2e-3}, warm=True)
-    ref.train()
+    # Reference (the fixture): the parent's state is live when the clone is made.
     # Here the parent was trained by the session before: its state is read from its
     # checkpoint (weights and Adam moments), which must give the same clone.
     out = tmp_path / "exp"
@@ -192,7 +198,7 @@ def test_a_warm_clone_of_a_run_trained_in_an_earlier_session_starts_from_its_che
     second.train()
     assert "ok: created run-2 warm-started from run-0" in [o.result for o in second.op_log]
     for run in ("run-0", "run-1", "run-2"):
-        _assert_same(_adapter(tmp_path / "ref", run), _adapter(out, run))
+        _assert_same(_adapter(warm_clone_reference, run), _adapter(out, run))
 
 
 def test_a_run_whose_checkpoint_is_gone_fails_alone_with_the_reason(tmp_path):
