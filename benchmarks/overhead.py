@@ -109,6 +109,8 @@ class Sample:
     compute: float | None = None  # A: rf.engine.stats.compute
     switching: float | None = None  # A: rf.engine.stats.switching
     turns: int | None = None  # A: chunks trained
+    handoff_share: float | None = None  # A: gaps between chunks / chunk time (schedule.csv)
+    handoff_ms: float | None = None  # A: mean gap between one chunk's end and the next start
 
     @property
     def switching_ratio(self) -> float | None:
@@ -170,6 +172,7 @@ def run_rapidfire(
     """
     from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
     from trl_rapidfire.runs import RunStatus
+    from trl_rapidfire.schedule import Handoffs
 
     with quiet_stdout():
         t0 = time.perf_counter()
@@ -194,9 +197,11 @@ def run_rapidfire(
             raise RuntimeError(f"RF {result.name} ended {result.status}: {result.error}")
         configs[result.name] = (result.knobs["learning_rate"], result.knobs["peft_config"].r)
     stats = trainer.engine.stats
+    hand = Handoffs.of(trainer.schedule)
     sample = Sample(
         side="A", rep=rep, total=t2 - t0, construct=t1 - t0, train=t2 - t1,
         engine=stats.wall, compute=stats.compute, switching=stats.switching, turns=stats.turns,
+        handoff_share=hand.share, handoff_ms=1000 * hand.mean_gap,
     )  # fmt: skip
     return sample, configs
 
@@ -385,6 +390,10 @@ def print_summary(summary: Summary, differ: list[str]) -> None:
     print(
         f"    median over {summary.a_repeats} A repetition(s): "
         f"{100 * summary.switching_median:.2f}%"
+    )
+    print(
+        f"    as a user sees it in schedule.csv (best A): gaps between chunks = "
+        f"{100 * a.handoff_share:.2f}% of chunk time, {a.handoff_ms:.1f} ms per turn"
     )
 
 

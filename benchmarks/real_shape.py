@@ -390,13 +390,14 @@ def report(args: argparse.Namespace, rf: dict[str, Any], seq: dict[str, Any], n:
     print(f"wall       RF / baseline = {rf['total'] / seq['total']:.3f}   "
           f"({rf['total']:.1f} s / {seq['total']:.1f} s; RF construct {rf['construct']:.1f} s "
           f"+ train {rf['train']:.1f} s)")
+    from trl_rapidfire.schedule import ChunkRecord, Handoffs
+
     chunks = sorted(rf["chunks"], key=lambda c: c["start_time"])
-    gaps = [b["start_time"] - a["end_time"] for a, b in zip(chunks, chunks[1:])]
-    busy = sum(c["end_time"] - c["start_time"] for c in chunks)
+    hand = Handoffs.of([ChunkRecord(**c) for c in chunks])
     e = rf["engine"]
-    print(f"switching  {100 * sum(gaps) / busy:.2f}% of chunk time from schedule.csv "
-          f"({1000 * statistics.mean(gaps):.1f} ms per turn over {len(gaps)} hand-offs, "
-          f"chunks {busy / len(chunks):.2f} s each); engine.stats switching / compute = "
+    print(f"switching  {100 * hand.share:.2f}% of chunk time from schedule.csv "
+          f"({1000 * hand.mean_gap:.1f} ms per turn over {len(hand.gaps)} hand-offs, "
+          f"chunks {hand.busy / hand.chunks:.2f} s each); engine.stats switching / compute = "
           f"{100 * e['switching'] / e['compute']:.2f}% ({e['turns']} turns)")
     # Every config's first chunk done: RF from schedule.csv; baseline when the last config
     # reaches the same step (the step its RF run's first chunk ended on).

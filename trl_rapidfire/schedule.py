@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ChunkRecord", "append_schedule_row", "read_schedule_csv", "write_schedule_csv"]
+__all__ = ["ChunkRecord", "Handoffs", "append_schedule_row", "read_schedule_csv",
+           "write_schedule_csv"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +99,35 @@ def read_schedule_csv(path: str | os.PathLike) -> list[ChunkRecord]:
                 continue  # an incomplete line
             out.append(ChunkRecord(**kwargs))
     return out
+
+
+@dataclass(frozen=True)
+class Handoffs:
+    """How long one worker's device sat between chunks, from its schedule rows: what a user
+    pays for switching runs (the gap between one chunk's end and the next chunk's start).
+
+    Attributes:
+        gaps: seconds between consecutive chunks, in time order.
+        busy: seconds inside chunks, over all of them.
+        chunks: how many chunks.
+    """
+
+    gaps: tuple[float, ...]
+    busy: float
+    chunks: int
+
+    @property
+    def share(self) -> float:
+        """Switching as a fraction of chunk time."""
+        return sum(self.gaps) / self.busy if self.busy else 0.0
+
+    @property
+    def mean_gap(self) -> float:
+        return sum(self.gaps) / len(self.gaps) if self.gaps else 0.0
+
+    @classmethod
+    def of(cls, records: Sequence[ChunkRecord], worker: int = 0) -> Handoffs:
+        """The hand-offs of ``worker``'s chunks among ``records``."""
+        mine = sorted((r for r in records if r.worker == worker), key=lambda r: r.start_time)
+        gaps = tuple(b.start_time - a.end_time for a, b in zip(mine, mine[1:]))
+        return cls(gaps, sum(r.end_time - r.start_time for r in mine), len(mine))

@@ -1,0 +1,22 @@
+"""Handoffs: the switching a user reads from schedule.csv, per worker."""
+
+from __future__ import annotations
+
+import pytest
+
+from trl_rapidfire.schedule import ChunkRecord, Handoffs
+
+
+def _row(run: str, start: float, end: float, worker: int = 0) -> ChunkRecord:
+    return ChunkRecord(run=run, epoch=0, chunk=0, number=0, worker=worker, start_time=start,
+                       end_time=end, start_step=0, end_step=1)
+
+
+def test_gaps_are_between_one_workers_chunks_in_time_order():
+    rows = [_row("run-1", 1.1, 2.0), _row("run-0", 0.0, 1.0), _row("run-2", 2.5, 3.5),
+            _row("run-3", 0.0, 9.0, worker=1)]  # another worker's chunk overlaps: not a gap
+    hand = Handoffs.of(rows)
+    assert hand.gaps == pytest.approx((0.1, 0.5)) and hand.chunks == 3
+    assert hand.busy == pytest.approx(2.9)
+    assert hand.share == pytest.approx(0.6 / 2.9) and hand.mean_gap == pytest.approx(0.3)
+    assert Handoffs.of(rows, worker=1).gaps == () and Handoffs.of([]).share == 0.0
