@@ -250,7 +250,7 @@ def _cmd_op(args: argparse.Namespace) -> int:
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     # The server, its signals and where it opens live in dashboard.py (no torch, mlflow lazily).
     from .dashboard import serve
-    from .tracking import resolve_tracking_uri
+    from .tracking_tags import resolve_tracking_uri
 
     # No store, a port taken, a server that died before answering: LookupError or OSError,
     # which main() says in one line.
@@ -370,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         limits = _client_limits() if args.command in _CLIENT_COMMANDS else contextlib.nullcontext()
         with limits:
             if args.command in _STORE_COMMANDS:
-                from .tracking import resolve_tracking_uri
+                from .tracking_tags import resolve_tracking_uri
 
                 _check_store(args.uri or resolve_tracking_uri(), args.command)
             return args.func(args)

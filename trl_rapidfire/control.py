@@ -349,7 +349,7 @@ def deliver_op(run: str, op: str, *, next_run: bool = False, **where: Any) -> De
     if output_dir is not None and is_untracked(output_dir):
         return _deliver_to_folder(run, op, output_dir, next_run)
     from .tracked_runs import open_catalog
-    from .tracking import OP_TAG, RUN_TAG, STATUS_TAG
+    from .tracking_tags import OP_TAG, RUN_TAG, STATUS_TAG
 
     exp = find_experiment(**where, latest_if_none_training=next_run)
     if not exp.training and not next_run:

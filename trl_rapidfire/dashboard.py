@@ -77,7 +77,7 @@ def runs_view_state(knobs: Sequence[str] = ()) -> dict[str, Any]:
     column order puts the status first: the table draws only the columns in sight, and the
     UI's default order (metrics, params, tags) would push the status off the screen.
     """
-    from .tracking import OP_RESULT_TAG, OP_TAG, PROGRESS_TAG, ROLE_TAG, STATUS_TAG
+    from .tracking_tags import OP_RESULT_TAG, OP_TAG, PROGRESS_TAG, ROLE_TAG, STATUS_TAG
 
     columns = [f"tags.`{STATUS_TAG}`", f"tags.`{PROGRESS_TAG}`", "metrics.`loss`",
                "metrics.`eval_loss`", *(f"params.`{k}`" for k in knobs), f"tags.`{OP_TAG}`",
@@ -98,7 +98,7 @@ def runs_view_state(knobs: Sequence[str] = ()) -> dict[str, Any]:
 def _knobs(runs: Sequence[Any]) -> list[str]:
     """Params whose values differ between ``runs``: the knobs of the sweep. A param holding the
     run's own name (its output_dir, run_name, ...) differs too but says nothing."""
-    from .tracking import RUN_TAG
+    from .tracking_tags import RUN_TAG
 
     keys = sorted({k for run in runs for k in run.data.params})
     names = [run.data.tags.get(RUN_TAG) or run.info.run_name or "" for run in runs]
@@ -117,7 +117,7 @@ def ensure_runs_view(client: Any, experiment_id: str) -> None:
     """Write (or bring up to date) the trl-rapidfire saved view of an MLflow experiment: the tag
     ``mlflow.sharedViewState.trl-rapidfire``, in the envelope the UI's "Views" menu writes, so
     it is listed there too and a person can leave it or delete it like their own."""
-    from .tracking import ROLE_TAG
+    from .tracking_tags import ROLE_TAG
 
     runs = client.search_runs([experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'run'",
                               max_results=1000)

@@ -21,7 +21,7 @@ from typing import Any
 
 from .layout import Layout, run_order
 from .schedule import ChunkRecord, read_schedule_csv
-from .tracking import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG, STATUS_TAG, resolve_tracking_uri
+from .tracking_tags import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG, STATUS_TAG, resolve_tracking_uri
 
 __all__ = [
     "TRAIN_METRIC",

@@ -57,7 +57,7 @@ class Experiment:
 
 
 def _state(run: TrackedRun, now: float) -> tuple[str, float | None]:
-    from .tracking import HEARTBEAT_STALE, HEARTBEAT_TAG
+    from .tracking_tags import HEARTBEAT_STALE, HEARTBEAT_TAG
 
     beat = run.tags.get(HEARTBEAT_TAG, "")
     seen = float(beat) if re.fullmatch(r"\d+(\.\d+)?", beat) else None
@@ -68,7 +68,7 @@ def _state(run: TrackedRun, now: float) -> tuple[str, float | None]:
 
 
 def _catalog(uri: str | None) -> RunCatalog:
-    from .tracking import resolve_tracking_uri
+    from .tracking_tags import resolve_tracking_uri
 
     uri = uri or resolve_tracking_uri()
     path = sqlite_path(uri)
@@ -113,7 +113,7 @@ def list_experiments(
         LookupError: no store, an ``output_dir`` holding no tracked experiment, or no MLflow
             experiment of that name.
     """
-    from .tracking import EXPERIMENT_TAG, ROLE_TAG
+    from .tracking_tags import EXPERIMENT_TAG, ROLE_TAG
 
     wanted = {ROLE_TAG: "experiment"}
     if output_dir is not None:
@@ -177,7 +177,7 @@ def find_experiment(
 
 def experiment_runs(exp: Experiment) -> list[TrackedRun]:
     """The MLflow runs of ``exp``'s RF runs, in run order."""
-    from .tracking import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG
+    from .tracking_tags import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG
 
     runs = open_catalog(exp.uri).runs([exp.experiment_id],
                                       {ROLE_TAG: "run", EXPERIMENT_TAG: exp.rf_experiment})

@@ -247,8 +247,8 @@ def _check_tag(key: str, value: str) -> None:
 
 
 def _quoted(value: str) -> str:
-    # MLflow's filter grammar: a string literal in single quotes, a quote escaped by doubling
-    # is not part of it, so a value with a quote is refused rather than half-matched.
+    # MLflow's filter grammar has single-quoted literals and no escape this code relies on: a
+    # value holding a quote is refused rather than half-matched.
     if "'" in value or "\\" in value:
         raise ValueError(f"a tag value in a search filter cannot hold quotes: {value!r}")
     return f"'{value}'"

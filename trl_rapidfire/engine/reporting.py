@@ -8,7 +8,8 @@ import warnings
 from collections.abc import Iterable
 
 from ..runs import RunStatus
-from ..tracking import PROGRESS_TAG, STATUS_TAG, Tracker
+from ..tracking import Tracker
+from ..tracking_tags import PROGRESS_TAG, STATUS_TAG
 from .records import RunSlot
 from .support import points_of
 
