@@ -7,10 +7,13 @@ trained on generated pseudo-words, saved once under ``<temp dir>/trl-rapidfire-r
 generated rows truncated to ``max_length=256``; batch 1, 8 steps per config, 1 epoch. 8 LoRA
 configs: rank 8, 16 (alpha 2r, no dropout; q, k, v, o_proj) x lr 1e-4, 3e-4, 1e-3, 3e-3.
 
-A: ONE ``RFSFTTrainer`` over the 8 configs, ``num_chunks=4``. B: the 8 configs back to back by
-plain ``SFTTrainer`` (each loads the model, trains, saves its adapter). A then B, once each
-(a side takes minutes), each in a process of its own so that its peak RSS is its own; both
-are forked from one forkserver that imported torch, transformers, TRL and trl-rapidfire once.
+A: ONE ``RFSFTTrainer`` over the 8 configs, ``num_chunks=8`` (one step a chunk: a few seconds
+each; with N configs and c chunks every config has a metric after N/c configs' worth of
+training, against N-1 plus 1/c for the baseline, so 1.2/N needs c of about 8). B: the 8
+configs back to back by plain ``SFTTrainer`` (each loads the model, trains, saves its
+adapter). A then B, once each (a side takes minutes), each in a process of its own so that its
+peak RSS is its own; both are forked from one forkserver that imported torch, transformers,
+TRL and trl-rapidfire once.
 
 Printed: ``wall RF / baseline`` (a side's time from its first trainer's construction to its
 last adapter written); the switching share from ``schedule.csv`` (gaps between one chunk's
@@ -18,8 +21,8 @@ end and the next one's start over the sum of chunk durations) and ms per turn, w
 ``rf.engine.stats`` beside it; the time until every config has its first chunk's metric (RF:
 the last first-chunk end in ``schedule.csv``; B: when config 8 ends the same step, from a
 callback's step clock; both from the side's start) and their ratio; the boundary checkpoints'
-count, bytes, peak folder size and time (in the run's turn and on the background writer,
-timed by wrapping the engine's hooks: ``EngineStats`` has no checkpoint fields); each side's
+count, bytes, peak folder size and time (in the run's turn and on the background writer, from
+``EngineStats``); each side's
 peak RSS (``ru_maxrss``); and ``bitwise equal for N/N runs``: each RF final adapter against
 the baseline's, ``torch.equal`` tensor for tensor from the files. Exit status 1 if any differs.
 
@@ -52,7 +55,7 @@ from typing import Any
 LEARNING_RATES = (1e-4, 3e-4, 1e-3, 3e-3)
 LORA_RANKS = (8, 16)
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
-NUM_CHUNKS = 4
+NUM_CHUNKS = 8
 SEED = 0
 ADAPTER_FILE = "adapter_model.safetensors"
 RECIPE = "1"  # bump when the model, tokenizer or text recipe changes: keys the cache folder
@@ -261,7 +264,7 @@ def side_rf(args: argparse.Namespace, shape: Shape, out: Path) -> dict[str, Any]
         begin, t0 = time.time(), time.perf_counter()
         trainer = RFSFTTrainer(
             model=path,
-            args=RFSFTConfig(output_dir=str(out), num_chunks=NUM_CHUNKS,
+            args=RFSFTConfig(output_dir=str(out), num_chunks=args.chunks,
                              learning_rate=List(sorted({lr for lr, _ in configs})),
                              **training_kwargs(args, shape)),
             train_dataset=data,
@@ -438,6 +441,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--quick", action="store_true", help="smoke test: 2 layers, hidden 64, 2 configs")
     add("--steps", type=int, help="optimizer steps per config (default 8; 4 with --quick)")
     add("--batch", type=int, help="per-device batch size (default 1; 2 with --quick)")
+    add("--chunks", type=int, help=f"num_chunks of side A (default {NUM_CHUNKS}; 4 with --quick)")
     add("--threads", type=int, help="torch.set_num_threads in each side (default: torch's)")
     add("--device", choices=("cpu", "cuda"), default="cpu",
         help="cuda: also report GPU busy time (untested on CPU-only machines)")
@@ -445,8 +449,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.steps = args.steps or (4 if args.quick else 8)
     args.batch = args.batch or (2 if args.quick else 1)
-    if args.steps < NUM_CHUNKS or args.batch < 1:
-        parser.error(f"--steps must be at least num_chunks={NUM_CHUNKS}, --batch at least 1")
+    args.chunks = args.chunks or (4 if args.quick else NUM_CHUNKS)
+    if args.chunks < 1 or args.steps < args.chunks or args.batch < 1:
+        parser.error(f"--steps must be at least --chunks ({args.chunks}), --chunks and --batch "
+                     "at least 1")
     return args
 
 
@@ -470,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{shape.vocab:,}, tied ({model_path(shape)}, {time.perf_counter() - t0:.1f} s)\n"
               f"  workload : {n} LoRA configs = lr [{lrs}] x r {list(LORA_RANKS)} on "
               f"{', '.join(TARGET_MODULES)}; seq {shape.seq}, batch {args.batch}, {args.steps} "
-              f"steps/config, num_chunks={NUM_CHUNKS}\n  order    : A (RFSFTTrainer) then B "
+              f"steps/config, num_chunks={args.chunks}\n  order    : A (RFSFTTrainer) then B "
               f"(plain SFTTrainer x {n}), each in its own process; device {args.device}, threads "
               f"{args.threads or 'default'}, load avg {os.getloadavg()[0]:.2f} on "
               f"{os.cpu_count()} CPUs; output {tmp}", flush=True)

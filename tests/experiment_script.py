@@ -16,7 +16,6 @@ never at a boundary; with ``peer``, only once another worker has claimed a chunk
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -26,6 +25,7 @@ import torch
 from transformers import TrainerCallback
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
+from trl_rapidfire.state_file import FileStore
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,
@@ -53,12 +53,11 @@ class KillAt(TrainerCallback):
 
     def _wait_for_a_peer(self) -> None:
         me = f":{os.getpid()}:"
-        path = os.path.join(self.output_dir, ".rapidfire", "scheduler.json")
+        store = FileStore(os.path.join(self.output_dir, ".rapidfire"), "", create=False)
         deadline = time.time() + 300
         while time.time() < deadline:
-            with open(path, encoding="utf-8") as fh:
-                claims = json.load(fh)["claims"]
-            if any(me not in c["worker"] for c in claims.values()):
+            claims = store.peek().claims
+            if any(me not in c.worker for c in claims.values()):
                 return
             time.sleep(0.1)
 

@@ -5,7 +5,6 @@ ends bitwise equal to an uninterrupted run."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from trl_rapidfire.schedule import read_schedule_csv
+from trl_rapidfire.state_file import FileStore
 from trl_rapidfire.testing import tiny_model_path
 
 pytestmark = pytest.mark.slow
@@ -86,7 +86,7 @@ def test_a_kill_between_checkpoint_and_record_retrains_that_chunk_once(tmp_path)
     assert (out / ".rapidfire" / "checkpoints" / run / f"checkpoint-{end_step}").is_dir()
     before = {(r.run, r.number) for r in read_schedule_csv(out / "schedule.csv")}
     assert (run, int(number)) not in before and len(before) == KILL_AT - 1
-    state = json.loads((out / ".rapidfire" / "scheduler.json").read_text())
+    state = FileStore(out / ".rapidfire", "", create=False).peek().to_json()
     assert state["runs"][run]["chunks_done"] == int(number)
 
     again = _run([*script, str(out)], tmp_path)

@@ -9,7 +9,6 @@ filled up or remounted read-only in the middle of a run's training.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import subprocess
 import uuid
@@ -22,7 +21,7 @@ from transformers import TrainerCallback
 
 from trl_rapidfire import ExperimentFault, List, RFSFTConfig, RFSFTTrainer
 from trl_rapidfire.faults import disk_fault
-from trl_rapidfire.store import FileStore
+from trl_rapidfire.state_file import FileStore
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,
@@ -121,7 +120,7 @@ def test_a_disk_fault_stops_the_experiment_and_a_rerun_ends_bitwise_equal(
     assert any(w in message for w in words), message
     assert "run the script again" in message
     # Nothing failed: every run can continue from its last recorded boundary.
-    state = json.loads((out / ".rapidfire" / "scheduler.json").read_text())
+    state = FileStore(out / ".rapidfire", "", create=False).peek().to_json()
     assert {r["status"] for r in state["runs"].values()} <= {"pending", "running"}
     if mode != "folder-full":  # else releasing the claim could not be written either
         assert not state["claims"]

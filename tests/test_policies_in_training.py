@@ -5,6 +5,7 @@ from __future__ import annotations
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
 from trl_rapidfire.policies import Budget, RunHistory, SuccessiveHalving, metric_at
 from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.state_file import FileStore
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,
@@ -110,13 +111,12 @@ def test_population_based_replaces_the_worse_run_by_a_warm_clone_of_the_better(t
 
 
 def test_a_wall_clock_budget_spans_re_runs(tmp_path):
-    import json
 
     out = tmp_path / "exp"
     first = _trainer(out, Budget(max_total_steps=3), lrs=(1e-4, 3e-3))
     first.train()
     assert [r.status for r in first.runs] == [RunStatus.STOPPED] * 2
-    spent = json.loads((out / ".rapidfire" / "scheduler.json").read_text())["wall_seconds"]
+    spent = FileStore(out / ".rapidfire", "", create=False).peek().wall_seconds
     assert spent > 0
     # The re-run's own time is far under the budget; the experiment's is not.
     again = _trainer(out, Budget(max_wall_seconds=spent), lrs=(1e-4, 3e-3))

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from trl_rapidfire.runs import RunStatus
-from trl_rapidfire.store import FileStore, StoreError, claim_next, finish_chunk, renew
+from trl_rapidfire.state_file import FileStore
+from trl_rapidfire.store import StoreError, claim_next, finish_chunk, renew
 
 LEASE = 30.0
 
@@ -225,7 +226,7 @@ def test_a_member_leaving_ends_the_gang_and_the_state_round_trips(tmp_path):
     with store.transaction() as state:
         state.gang_size["run-0"] = 2
         claim_next(state, "w0", now=0, lease_seconds=LEASE, alive=_alive())
-    doc = json.loads((tmp_path / ".rapidfire" / "scheduler.json").read_text())
+    doc = FileStore(tmp_path / ".rapidfire", "fp").peek().to_json()
     assert doc["gang"] == {"run": "run-0", "chunk": 0, "members": ["w0"], "done": []}
     assert doc["gang_size"] == {"run-0": 2}
     with store.transaction() as state:

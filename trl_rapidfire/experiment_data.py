@@ -21,6 +21,8 @@ from typing import Any
 
 from .layout import Layout, run_order
 from .schedule import ChunkRecord, read_schedule_csv
+from .state_file import FileStore
+from .store import StoreError
 from .tracking_tags import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG, STATUS_TAG, resolve_tracking_uri
 
 __all__ = [
@@ -156,7 +158,14 @@ def read_ops(path: str | os.PathLike) -> list[OpEvent]:
 
 
 def _scheduler_runs(output_dir: Path) -> dict[str, dict[str, Any]]:
-    doc = _read_json(Layout(output_dir).scheduler_state)
+    layout = Layout(output_dir)
+    try:  # the snapshot and the changes journalled since
+        state = FileStore(layout.state_dir, fingerprint="", create=False).peek()
+    except StoreError:
+        state = None  # damaged or partial: whatever the snapshot still says
+    if state is not None:
+        return {n: r.to_json() for n, r in state.runs.items()}
+    doc = _read_json(layout.scheduler_state)
     runs = doc.get("runs") if isinstance(doc, dict) else None
     if not isinstance(runs, dict):
         return {}

@@ -141,7 +141,7 @@ def is_untracked(output_dir: str | os.PathLike) -> bool:
 def folder_runs(output_dir: str | os.PathLike) -> list[RunState]:
     """The runs of the experiment in ``output_dir`` as its shared state has them, in run
     order (read only)."""
-    from .store import FileStore
+    from .state_file import FileStore
 
     state = FileStore(Layout(output_dir).state_dir, fingerprint="", create=False).peek()
     runs = [] if state is None else list(state.runs.values())

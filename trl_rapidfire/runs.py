@@ -130,6 +130,17 @@ class RunState:
     parent: str | None = None
     warm_start: bool = False
 
+    def __setattr__(self, key: str, value: Any) -> None:
+        object.__setattr__(self, key, value)
+        touched = self.__dict__.get("_touched")
+        if touched is not None:
+            touched.add(self.name)
+
+    def watch(self, touched: set[str]) -> None:
+        """From now on, every change of this record adds its name to ``touched``: the shared
+        state's file journals the records that changed, without comparing them all."""
+        object.__setattr__(self, "_touched", touched)
+
     def move(self, new: RunStatus) -> None:
         """Change status along an allowed transition (see :func:`transition`)."""
         self.status = transition(self.status, new, run=self.name)

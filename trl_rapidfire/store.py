@@ -2,10 +2,11 @@
 
 Every worker of an experiment (one per process under ``accelerate launch``) claims its next
 (run, chunk) from one shared state, so each chunk is trained by exactly one worker. The state
-is a small JSON document changed only inside a :meth:`FileStore.transaction`: read under an
-exclusive file lock, changed, written atomically (temporary file, fsync, rename) before the
-lock is released. A claim carries a lease; a worker that dies mid-chunk stops renewing it, and
-once it expires the run can be claimed again from its last finished chunk.
+is a small document changed only inside a transaction of its store
+(:class:`~trl_rapidfire.state_file.FileStore`: under an exclusive file lock, each change
+journalled before the lock is released). A claim carries a lease; a worker that dies
+mid-chunk stops renewing it, and once it expires the run can be claimed again from its last
+finished chunk.
 
 The scheduling *decisions* are plain functions of the state (:func:`claim_next`,
 :func:`finish_chunk`), independent of where the state lives: the file-locked store is the
@@ -15,17 +16,10 @@ protocol across machines.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
-from .faults import ExperimentFault, disk_fault, fault_message
 from .runs import RunState, RunStatus
 from .scheduler import pick_next
 from .trust import UntrustedValue, check_run_name
@@ -34,8 +28,8 @@ from .workers import process_alive
 __all__ = [
     "Claim",
     "ExperimentState",
-    "FileStore",
     "StoreError",
+    "check_state_names",
     "choose",
     "claim_next",
     "expire",
@@ -126,7 +120,7 @@ class ExperimentState:
         if doc.get("format") != _FORMAT or doc.get("version") != _VERSION:
             raise StoreError(f"not a trl-rapidfire scheduler state (format {doc.get('format')!r}, "
                              f"version {doc.get('version')!r})")
-        _check_names(doc)
+        check_state_names(doc)
         return cls(
             fingerprint=doc["fingerprint"],
             runs={n: RunState.from_json(r) for n, r in doc["runs"].items()},
@@ -147,7 +141,7 @@ class ExperimentState:
         return bool(self.claims)
 
 
-def _check_names(doc: dict[str, Any]) -> None:
+def check_state_names(doc: dict[str, Any]) -> None:
     """Every run name in the file is ``run-<n>`` and every clone recipe is a parent and an op
     text: names become paths and recipes become runs, and the file may have been edited by
     someone other than the experiment's author (see :mod:`trl_rapidfire.trust`)."""
@@ -354,106 +348,3 @@ def release(state: ExperimentState, run: str, worker: str) -> bool:
         return False
     del state.claims[run]
     return True
-
-
-class FileStore:
-    """The shared state in ``<folder>/scheduler.json``, behind a file lock.
-
-    Args:
-        folder: ``<output_dir>/.rapidfire`` (created if missing).
-        fingerprint: the expanded runs' fingerprint; opening a state made for other runs is a
-            :class:`StoreError`.
-        create: create the folder and the state now (else at the first transaction: building
-            an experiment writes nothing before it trains).
-    """
-
-    def __init__(self, folder: str | os.PathLike, fingerprint: str, *,
-                 create: bool = True) -> None:
-        self.folder = Path(folder)
-        self.path = self.folder / "scheduler.json"
-        # One lock object per process (flock is per open file); thread_local keeps threads
-        # of one process excluded from each other too.
-        self._lock = FileLock(str(self.path) + ".lock", is_singleton=True)
-        self.fingerprint = fingerprint
-        if create:
-            with self.transaction():
-                pass
-
-    def recorded_fingerprint(self) -> str | None:
-        """The fingerprint of the experiment whose state is in ``folder`` (``None``: none is),
-        read without writing anything; :class:`StoreError` if the file is not a state."""
-        state = self.peek()
-        return None if state is None else state.fingerprint
-
-    def peek(self) -> ExperimentState | None:
-        """The state in the file as it is now (``None``: no file yet), read without the lock
-        and without writing anything (a look from outside: the CLI); :class:`StoreError` if
-        it is not a state."""
-        if not self.path.exists():
-            return None
-        try:
-            return ExperimentState.from_json(json.loads(self.path.read_text("utf-8")))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, StoreError) as err:
-            raise StoreError(f"{self.path} is not a valid scheduler state: {err}") from None
-
-    @contextlib.contextmanager
-    def transaction(self, durable: bool = True) -> Iterator[ExperimentState]:
-        """Read, let the body change, write back atomically; all under the lock.
-
-        ``durable=False`` skips the fsync (a few milliseconds): for changes a power cut may
-        lose harmlessly, like a claim or a lease renewal (the run is simply claimed again).
-        The write is atomic either way.
-        """
-        with self._locked():
-            state = self.peek()  # under the lock here
-            if state is None:
-                state = ExperimentState(self.fingerprint)
-            elif state.fingerprint != self.fingerprint:
-                raise StoreError(
-                    f"{self.path} belongs to an experiment with other runs (fingerprint "
-                    f"{state.fingerprint[:12]}, these runs {self.fingerprint[:12]}): use "
-                    "another output_dir, or run the configs it was made for."
-                )
-            yield state
-            self._write(state, durable)
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise ExperimentFault(fault_message("the shared state", self.folder,
-                                                disk_fault(err, ours=True) or str(err))) from err
-        try:
-            self._lock.acquire()
-        except OSError as err:  # the folder became read-only or full: say which, once
-            raise ExperimentFault(fault_message("the shared state's lock", self._lock.lock_file,
-                                                disk_fault(err, ours=True) or str(err))) from err
-        try:
-            yield
-        finally:
-            self._lock.release()
-
-    def _write(self, state: ExperimentState, durable: bool = True) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(state.to_json()))  # one C-encoded write, not many small
-                if durable:
-                    fh.flush()
-                    os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except OSError as err:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            # The state on disk is the last one written whole: nothing of this change is kept.
-            raise ExperimentFault(fault_message("the shared state", self.path,
-                                                disk_fault(err, ours=True) or str(err))) from err
-
-    def read(self) -> ExperimentState:
-        """A snapshot of the state (under the lock, nothing written)."""
-        with self._locked():
-            if not self.path.exists():
-                return ExperimentState(self.fingerprint)
-            return ExperimentState.from_json(json.loads(self.path.read_text("utf-8")))
-

@@ -24,8 +24,8 @@ from ..durable import checkpoint_at
 from ..faults import ExperimentFault, disk_fault, fault_message
 from ..runs import RunState, RunStatus
 from ..schedule import ChunkRecord, append_schedule_row, read_schedule_csv, write_schedule_csv
+from ..state_file import FileStore
 from ..store import (
-    FileStore,
     choose,
     claim_next,
     expire,

@@ -27,7 +27,7 @@ from ..progress import ExperimentProgress
 from ..results import RunResult
 from ..runs import RunStatus
 from ..schedule import ChunkRecord
-from ..store import FileStore
+from ..state_file import FileStore
 from ..switch import RunCoroutine
 from ..tracking import Tracker
 from ..trust import check_run_name, inside
@@ -286,6 +286,7 @@ class Engine:
                 case Wait():
                     # Waiting for our own checkpoint writes (their runs stay claimed until
                     # recorded), else for other workers.
+                    self._turns.open_writes()
                     if not self._shared.wait_for_a_write():
                         time.sleep(self.idle_wait)
                 case Turn() as turn:
@@ -315,6 +316,7 @@ class Engine:
             for name, info in claim.clones.items():
                 self._ops.build_clone_from_store(name, info)
             if claim.write is not None:
+                self._turns.open_writes()
                 concurrent.futures.wait([claim.write])
         return claim
 
@@ -350,6 +352,7 @@ class Engine:
         t0 = time.time()
         self._reporter.set_active(True)  # MLflow work runs while the chunk computes...
         self._lease.hold(slot.name, self.lease_seconds)
+        self._turns.open_writes()  # the previous run's checkpoint is written while this trains
         try:
             slot.coroutine.resume()
         finally:
@@ -397,6 +400,7 @@ class Engine:
             self._progress.chunk_done(self.results(), self._chunks_done())
 
     def _flush_finishes(self) -> None:
+        self._turns.open_writes()
         for slot in self._shared.flush_finishes():
             self._after_turn(slot)
 
@@ -418,6 +422,8 @@ class Engine:
         # call outlives it.
         self._turns.drain()
         self._lease.close()
+        with self._fault.kept():  # scheduler.json alone is the whole state between calls
+            self.store.compact()
         if self.worker.rank == 0:
             mark_ended(self.layout)
         gc.unfreeze()

@@ -15,7 +15,8 @@ from ..folder_control import Inbox
 from ..layout import Layout, run_index, run_name
 from ..policies import Context, Policy, RunHistory
 from ..runs import RunState, RunStatus, status_op_refusal
-from ..store import FileStore, disband_forming_gang
+from ..state_file import FileStore
+from ..store import disband_forming_gang
 from ..workers import WorkerInfo
 from .building import register_failed
 from .clones import Clones, next_run_index

@@ -16,7 +16,8 @@ from typing import Any, Protocol
 from ..control import OpError, parse_op
 from ..faults import ExperimentFault, disk_fault, fault_message
 from ..knobs import describe_value
-from ..store import FileStore, renew
+from ..state_file import FileStore
+from ..store import renew
 from ..workers import launcher_gone
 
 __all__ = [

@@ -11,6 +11,7 @@ import concurrent.futures
 import copy
 import json
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,10 @@ from .run_trainer import RunTrainer
 from .support import disk_faults
 
 __all__ = ["Turns"]
+
+# How long a checkpoint write waits for the next chunk to start before it goes ahead anyway
+# (a safety net: every place the engine waits for a write opens the gate first).
+_GATE_SECONDS = 0.5
 
 
 class Turns:
@@ -71,6 +76,15 @@ class Turns:
         # One thread writes boundary checkpoints while the next run trains (made at the first
         # write of each run() call, ended by drain()).
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # Closed from a boundary until the next chunk starts: the writer (Python, holding the
+        # GIL for milliseconds at a time) would otherwise take it from the switch itself.
+        self._gate = threading.Event()
+        self._gate.set()
+
+    def open_writes(self) -> None:
+        """Let the checkpoint writer go: the next chunk is starting (its steps release the
+        GIL), or the engine is about to wait for a write."""
+        self._gate.set()
 
     # ------------------------------------------------------------------ the callback's host
 
@@ -126,6 +140,7 @@ class Turns:
         folder = slot.checkpoints
 
         def write() -> None:
+            self._gate.wait(_GATE_SECONDS)
             started = time.perf_counter()
             try:
                 with disk_faults("the checkpoint", target):
@@ -135,6 +150,7 @@ class Turns:
                 self.stats.checkpoint_writing += time.perf_counter() - started
 
         # Written while the next run trains; the chunk is recorded as done only after.
+        self._gate.clear()
         slot.write = self._writer.submit(write)
 
     def load_warm_optimizer_state(self, slot: RunSlot) -> None:
@@ -296,6 +312,7 @@ class Turns:
     def drain(self) -> None:
         """Wait until everything handed to the writer thread is done, and end the thread."""
         pool, self._pool = self._pool, None
+        self.open_writes()
         if pool is not None:
             pool.shutdown(wait=True)
 

@@ -34,7 +34,8 @@ from ..policies import as_policy
 from ..results import RunResult, pick_best
 from ..schedule import ChunkRecord
 from ..search import GridSearch, RunSpec, Search
-from ..store import FileStore, StoreError
+from ..state_file import FileStore
+from ..store import StoreError
 from ..workers import current_worker
 from .run_builder import CHUNK, RunBuilder
 from .run_trainer import copy_callbacks

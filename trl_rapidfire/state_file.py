@@ -1,0 +1,547 @@
+"""The shared scheduler state on disk: a snapshot, a journal of changes, and a file lock.
+
+Every worker changes the state (:class:`~trl_rapidfire.store.ExperimentState`) only inside a
+:meth:`FileStore.transaction`, under an exclusive file lock. What a transaction changed is
+appended to ``scheduler.journal`` as one JSON line (only the changed entries: a claim, one
+run's record), so its cost does not grow with the number of runs. Each process keeps the state
+in memory and, on taking the lock, reads only the lines other processes appended since its
+last transaction. When the journal has grown past the snapshot's size, it is folded into a new
+``scheduler.json`` (compaction, amortised over many transactions).
+
+Crash safety: a line is one ``write`` (appended with ``O_APPEND``); a durable transaction
+fsyncs the journal before the lock is released. A line a crash cut short has no newline, is
+ignored and cut off by the next writer. Compaction writes the new snapshot (fsync, rename)
+before it replaces the journal (fsync, rename): both carry a *generation*, and a journal older
+than its snapshot (a crash between the two renames) is already in the snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from .faults import ExperimentFault, disk_fault, fault_message
+from .runs import RunState
+from .store import Claim, ExperimentState, StoreError, check_state_names
+
+__all__ = ["FileStore"]
+
+_JOURNAL_FORMAT = "trl-rapidfire/scheduler-journal"
+# Maps whose entries a line sets or deletes one by one (the others are replaced whole).
+_MAPS = ("runs", "chunks_total", "claims", "owner", "last_run", "clones", "gang_size")
+_SCALARS = ("fingerprint", "ready", "wall_seconds")
+_MIN_COMPACT_BYTES = 64 * 1024
+
+
+class _Tracked(dict):
+    """A dict that remembers which keys were set or deleted since :meth:`reset`."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.changed: set[str] = set()
+
+    def reset(self) -> None:
+        self.changed = set()
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.changed.add(key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.changed.add(key)
+        super().__delitem__(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.changed.add(key)
+        return super().pop(key, *default)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def popitem(self) -> tuple[str, Any]:
+        key, value = super().popitem()
+        self.changed.add(key)
+        return key, value
+
+    def clear(self) -> None:
+        self.changed.update(self)
+        super().clear()
+
+
+def _watch(runs: Any, touched: set[str]) -> None:
+    for run in runs:
+        run.watch(touched)
+
+
+def _encode(name: str, value: Any) -> Any:
+    if name == "runs":
+        return value.to_json()
+    if name == "claims":
+        return asdict(value)
+    return value
+
+
+def _decode(name: str, value: Any) -> Any:
+    if name == "runs":
+        return RunState.from_json(value)
+    if name == "claims":
+        return Claim(**value)
+    return value
+
+
+class _Marks:
+    """What a transaction's body starts from, kept cheaply enough to tell what it changed.
+
+    Run records tell on themselves (:meth:`RunState.watch`); the small parts (claims, whose
+    leases change in place, and the gang) are copied; the rest are :class:`_Tracked` dicts.
+    """
+
+    def __init__(self, state: ExperimentState, touched: set[str]) -> None:
+        touched.clear()
+        self.touched = touched
+        for name in _MAPS:
+            value = getattr(state, name)
+            if not isinstance(value, _Tracked):
+                value = _Tracked(value)
+                setattr(state, name, value)
+                if name == "runs":
+                    _watch(value.values(), touched)
+            value.reset()
+        self.claims = {n: (c.worker, c.chunk, c.lease_until) for n, c in state.claims.items()}
+        self.gang = copy.deepcopy(state.gang)
+        self.order = list(state.order)
+        self.scalars = {name: getattr(state, name) for name in _SCALARS}
+        self.maps = {name: getattr(state, name) for name in _MAPS}
+
+    def delta(self, state: ExperimentState) -> dict[str, Any]:
+        """The change from the marked state to ``state`` as one journal line (``{}``: none)."""
+        line: dict[str, Any] = {}
+        sets: dict[str, dict[str, Any]] = {}
+        dels: dict[str, list[str]] = {}
+        for name in _MAPS:
+            now = getattr(state, name)
+            if now is not self.maps[name]:  # replaced whole
+                line.setdefault("put", {})[name] = {k: _encode(name, v) for k, v in now.items()}
+                continue
+            keys = set(now.changed)
+            if name == "runs":
+                keys |= self.touched
+            elif name == "claims":
+                keys |= {n for n, c in now.items()
+                         if self.claims.get(n) != (c.worker, c.chunk, c.lease_until)}
+            for key in keys:
+                if key in now:
+                    sets.setdefault(name, {})[key] = _encode(name, now[key])
+                else:
+                    dels.setdefault(name, []).append(key)
+        if sets:
+            line["set"] = sets
+        if dels:
+            line["del"] = dels
+        puts = line.get("put", {})
+        if state.order != self.order:
+            n = len(self.order)
+            if state.order[:n] == self.order:
+                line["append"] = {"order": state.order[n:]}
+            else:
+                puts["order"] = list(state.order)
+        if state.gang != self.gang:
+            puts["gang"] = copy.deepcopy(state.gang)
+        for name in _SCALARS:
+            if getattr(state, name) != self.scalars[name]:
+                puts[name] = getattr(state, name)
+        if puts:
+            line["put"] = puts
+        return line
+
+
+def _apply(state: ExperimentState, line: dict[str, Any], touched: set[str]) -> None:
+    """Apply one journal line to ``state`` (its run names checked first: the file may have
+    been edited by someone other than the experiment's author)."""
+    sets, dels, puts = line.get("set", {}), line.get("del", {}), line.get("put", {})
+    appended = line.get("append", {}).get("order", [])
+    check_state_names({
+        "runs": sets.get("runs", {}) | puts.get("runs", {}),
+        "chunks_total": sets.get("chunks_total", {}) | puts.get("chunks_total", {}),
+        "order": [*appended, *puts.get("order", [])],
+        "claims": sets.get("claims", {}) | puts.get("claims", {}),
+        "owner": sets.get("owner", {}) | puts.get("owner", {}),
+        "last_run": sets.get("last_run", {}) | puts.get("last_run", {}),
+        "clones": sets.get("clones", {}) | puts.get("clones", {}),
+        "gang_size": sets.get("gang_size", {}) | puts.get("gang_size", {}),
+        "gang": puts.get("gang"),
+    })
+    for name, entries in sets.items():
+        target = getattr(state, name)
+        for key, value in entries.items():
+            target[key] = _decode(name, value)
+    for name, keys in dels.items():
+        target = getattr(state, name)
+        for key in keys:
+            target.pop(key, None)
+    if appended:
+        state.order.extend(appended)
+    for name, value in puts.items():
+        if name in _MAPS:
+            value = {k: _decode(name, v) for k, v in value.items()}
+        setattr(state, name, value)
+    _watch((state.runs[k] for k in sets.get("runs", {}) if k in state.runs), touched)
+    if "runs" in puts:
+        _watch(state.runs.values(), touched)
+    if "chunks_total" in sets or "chunks_total" in puts:
+        state.chunks_total = {k: int(v) for k, v in state.chunks_total.items()}
+
+
+def _parse_lines(data: bytes, where: Path) -> tuple[list[dict[str, Any]], int]:
+    """The whole lines in ``data`` and the bytes they take (a torn last line is left out)."""
+    end = data.rfind(b"\n") + 1
+    lines = []
+    for raw in data[:end].splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except ValueError as err:
+            raise StoreError(f"{where} has a damaged line ({err}): restore it, or use another "
+                             "output_dir") from None
+    return lines, end
+
+
+@dataclass
+class _Cache:
+    """This process's copy of the state, and where in the journal it is up to."""
+
+    state: ExperimentState
+    fd: int  # the journal, kept open: its inode cannot be reused while we hold it
+    inode: tuple[int, int]
+    offset: int
+    generation: int
+    snapshot_bytes: int
+    touched: set[str] = field(default_factory=set)  # runs changed since the last mark
+    start: int = 0  # where the journal's lines begin (after its header)
+
+
+class FileStore:
+    """The shared state in ``<folder>/scheduler.json`` + ``scheduler.journal``, behind a lock.
+
+    Args:
+        folder: ``<output_dir>/.rapidfire`` (created if missing).
+        fingerprint: the expanded runs' fingerprint; opening a state made for other runs is a
+            :class:`StoreError`.
+        create: create the folder and the state now (else at the first transaction: building
+            an experiment writes nothing before it trains).
+    """
+
+    def __init__(self, folder: str | os.PathLike, fingerprint: str, *,
+                 create: bool = True) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / "scheduler.json"
+        self.journal_path = self.folder / "scheduler.journal"
+        # One lock object per process (flock is per open file); thread_local keeps threads
+        # of one process excluded from each other too.
+        self._lock = FileLock(str(self.path) + ".lock", is_singleton=True)
+        self.fingerprint = fingerprint
+        self._cache: _Cache | None = None
+        if create:
+            with self.transaction():
+                pass
+
+    def recorded_fingerprint(self) -> str | None:
+        """The fingerprint of the experiment whose state is in ``folder`` (``None``: none is),
+        read without writing anything; :class:`StoreError` if the file is not a state."""
+        state = self.peek()
+        return None if state is None else state.fingerprint
+
+    def peek(self) -> ExperimentState | None:
+        """The state on disk as it is now (``None``: none yet), read without the lock and
+        without writing anything (a look from outside: the CLI); :class:`StoreError` if it is
+        not a state."""
+        for _ in range(20):  # a compaction between the two reads: read both again
+            snapshot = self._read_snapshot()
+            if snapshot is None:
+                return None
+            state, generation, _ = snapshot
+            try:
+                data = self.journal_path.read_bytes()
+            except FileNotFoundError:
+                return state
+            header, lines = self._journal_lines(data)
+            if header == generation:
+                for line in lines:
+                    _apply(state, line, set())
+                return state
+            if header is not None and header < generation:
+                return state  # the journal is already folded into the snapshot
+        raise StoreError(f"{self.journal_path} does not follow {self.path} (generations differ): "
+                         "the files were edited or damaged; restore them, or use another "
+                         "output_dir")
+
+    @contextlib.contextmanager
+    def transaction(self, durable: bool = True) -> Iterator[ExperimentState]:
+        """Bring this process's copy up to date, let the body change it, journal the change;
+        all under the lock.
+
+        ``durable=False`` skips the fsync: for changes a power cut may lose harmlessly, like a
+        claim or a lease renewal (the run is simply claimed again). A body that raises
+        journals nothing (and this process reads the state again next time).
+        """
+        with self._locked():
+            cache = self._current()
+            state = cache.state if cache is not None else ExperimentState(self.fingerprint)
+            if state.fingerprint != self.fingerprint:
+                raise StoreError(
+                    f"{self.path} belongs to an experiment with other runs (fingerprint "
+                    f"{state.fingerprint[:12]}, these runs {self.fingerprint[:12]}): use "
+                    "another output_dir, or run the configs it was made for."
+                )
+            marks = _Marks(state, cache.touched if cache is not None else set())
+            try:
+                yield state
+                if cache is None:
+                    self._compact(state, generation=0)
+                    return
+                line = marks.delta(state)
+                if line:
+                    self._append(cache, line, durable)
+                    # Runs the body added: their later changes are journalled too.
+                    _watch((state.runs[k] for k in state.runs.changed if k in state.runs),
+                           cache.touched)
+                if cache.offset > max(_MIN_COMPACT_BYTES, cache.snapshot_bytes):
+                    self._compact(state, generation=cache.generation + 1)
+            except BaseException:
+                self._forget()  # the copy may hold the body's half-made change
+                raise
+
+    def compact(self) -> None:
+        """Fold the journal into ``scheduler.json`` now (e.g. as an experiment ends, so the
+        snapshot alone is the whole state)."""
+        with self._locked():
+            cache = self._current()
+            if cache is not None and cache.offset > cache.start:
+                self._compact(cache.state, generation=cache.generation + 1)
+
+    def read(self) -> ExperimentState:
+        """A copy of the state (under the lock, nothing written)."""
+        with self._locked():
+            cache = self._current()
+            if cache is None:
+                return ExperimentState(self.fingerprint)
+            return ExperimentState.from_json(cache.state.to_json())
+
+    def close(self) -> None:
+        """Let go of this process's copy (and the journal's file descriptor)."""
+        with self._locked():
+            self._forget()
+
+    def __del__(self) -> None:
+        cache = getattr(self, "_cache", None)
+        if cache is not None:
+            with contextlib.suppress(OSError):
+                os.close(cache.fd)
+
+    # ------------------------------------------------------------------ the files
+
+    def _read_snapshot(self) -> tuple[ExperimentState, int, int] | None:
+        try:
+            text = self.path.read_text("utf-8")
+        except FileNotFoundError:
+            return None
+        try:
+            doc = json.loads(text)
+            return ExperimentState.from_json(doc), int(doc.get("generation", 0)), len(text)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, StoreError) as err:
+            raise StoreError(f"{self.path} is not a valid scheduler state: {err}") from None
+
+    def _journal_lines(self, data: bytes) -> tuple[int | None, list[dict[str, Any]]]:
+        lines, _ = _parse_lines(data, self.journal_path)
+        if not lines:
+            return None, []
+        header = lines[0]
+        if not isinstance(header, dict) or header.get("format") != _JOURNAL_FORMAT:
+            raise StoreError(f"{self.journal_path} is not a trl-rapidfire scheduler journal")
+        try:
+            return int(header["generation"]), lines[1:]
+        except (KeyError, TypeError, ValueError):
+            raise StoreError(f"{self.journal_path} has no generation in its header") from None
+
+    def _current(self) -> _Cache | None:
+        """Under the lock: this process's copy, with what others appended since read in."""
+        cache = self._cache
+        if cache is not None:
+            try:
+                st = os.stat(self.journal_path)
+            except FileNotFoundError:
+                st = None
+            if st is not None and (st.st_dev, st.st_ino) == cache.inode \
+                    and st.st_size >= cache.offset:
+                if st.st_size > cache.offset:
+                    self._read_tail(cache, st.st_size)
+                return cache
+            self._forget()
+        return self._load()
+
+    def _read_tail(self, cache: _Cache, size: int) -> None:
+        try:
+            data = os.pread(cache.fd, size - cache.offset, cache.offset)
+            lines, used = _parse_lines(data, self.journal_path)
+            for line in lines:
+                _apply(cache.state, line, cache.touched)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            self._forget()
+            raise StoreError(f"{self.journal_path} has a line that is not a change of the "
+                             f"state ({err}): restore it, or use another output_dir") from None
+        except BaseException:
+            self._forget()
+            raise
+        cache.offset += used
+        if used < len(data):  # a line a crash cut short: nobody else writes while we hold
+            os.ftruncate(cache.fd, cache.offset)  # the lock, so cut it off now
+
+    def _load(self) -> _Cache | None:
+        """Under the lock: read the snapshot and the whole journal (``None``: no state yet)."""
+        snapshot = self._read_snapshot()
+        if snapshot is None:
+            return None
+        state, generation, snapshot_bytes = snapshot
+        try:
+            fd = os.open(self.journal_path, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:  # a state written before journals, or never appended to
+            fd = self._new_journal(generation)
+        try:
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, size, 0)
+            header, lines = self._journal_lines(data)
+            if header != generation:
+                if header is not None and header > generation:
+                    raise StoreError(
+                        f"{self.journal_path} is newer than {self.path}: the files were "
+                        "edited or damaged; restore them, or use another output_dir")
+                # Older: a crash between the snapshot's rename and the journal's; the
+                # snapshot has all of it.
+                os.close(fd)
+                fd, lines = self._new_journal(generation), []
+            touched: set[str] = set()
+            _watch(state.runs.values(), touched)
+            for line in lines:
+                _apply(state, line, touched)
+            _, used = _parse_lines(data, self.journal_path)
+            if used < len(data):
+                os.ftruncate(fd, used)
+            st = os.fstat(fd)
+            start = os.pread(fd, 4096, 0).find(b"\n") + 1
+            self._cache = _Cache(state, fd, (st.st_dev, st.st_ino), st.st_size, generation,
+                                 snapshot_bytes, touched, start)
+            return self._cache
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            os.close(fd)
+            raise StoreError(f"{self.journal_path} has a line that is not a change of the "
+                             f"state ({err}): restore it, or use another output_dir") from None
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _forget(self) -> None:
+        cache, self._cache = self._cache, None
+        if cache is not None:
+            with contextlib.suppress(OSError):
+                os.close(cache.fd)
+
+    def _append(self, cache: _Cache, line: dict[str, Any], durable: bool) -> None:
+        data = (json.dumps(line, separators=(",", ":")) + "\n").encode("utf-8")
+        try:
+            written = os.write(cache.fd, data)
+            if written != len(data):
+                raise OSError(f"short write to the journal ({written} of {len(data)} bytes)")
+            if durable:
+                os.fsync(cache.fd)
+        except OSError as err:
+            # Nothing of this change is kept: a partial line is cut off by the next writer.
+            raise ExperimentFault(fault_message("the shared state", self.journal_path,
+                                                disk_fault(err, ours=True) or str(err))) from err
+        cache.offset += len(data)
+
+    def _new_journal(self, generation: int) -> int:
+        """Replace the journal by an empty one of ``generation``; returns it open."""
+        tmp = self.journal_path.with_name(f".{self.journal_path.name}.tmp-{os.getpid()}")
+        header = json.dumps({"format": _JOURNAL_FORMAT, "generation": generation}) + "\n"
+        self._write_whole(tmp, header)
+        os.replace(tmp, self.journal_path)
+        return os.open(self.journal_path, os.O_RDWR | os.O_APPEND)
+
+    def _write_whole(self, tmp: Path, text: str) -> None:
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise ExperimentFault(fault_message("the shared state", self.path,
+                                                disk_fault(err, ours=True) or str(err))) from err
+
+    def _compact(self, state: ExperimentState, generation: int) -> None:
+        """Write ``state`` whole as the snapshot of ``generation`` and start its journal."""
+        doc = state.to_json()
+        doc["generation"] = generation
+        text = json.dumps(doc)  # one C-encoded write, not many small
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        self._write_whole(tmp, text)
+        try:
+            os.replace(tmp, self.path)
+            fd = self._new_journal(generation)
+            _fsync_folder(self.folder)
+        except OSError as err:
+            self._forget()
+            raise ExperimentFault(fault_message("the shared state", self.path,
+                                                disk_fault(err, ours=True) or str(err))) from err
+        touched = self._cache.touched if self._cache is not None else set()
+        self._forget()
+        _watch(state.runs.values(), touched)
+        st = os.fstat(fd)
+        self._cache = _Cache(state, fd, (st.st_dev, st.st_ino), st.st_size, generation,
+                             len(text), touched, st.st_size)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ExperimentFault(fault_message("the shared state", self.folder,
+                                                disk_fault(err, ours=True) or str(err))) from err
+        try:
+            self._lock.acquire()
+        except OSError as err:  # the folder became read-only or full: say which, once
+            raise ExperimentFault(fault_message("the shared state's lock", self._lock.lock_file,
+                                                disk_fault(err, ours=True) or str(err))) from err
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the renames in ``folder`` durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
