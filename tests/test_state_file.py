@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from trl_rapidfire import state_file
+from trl_rapidfire import state_changes, state_file
 from trl_rapidfire.runs import RunStatus
 from trl_rapidfire.state_file import FileStore
 from trl_rapidfire.store import (
@@ -40,7 +40,7 @@ def _doc(state: ExperimentState) -> dict:
 
 def test_every_field_of_the_state_is_journalled():
     names = {f.name for f in dataclasses.fields(ExperimentState)}
-    assert names == {*state_file._MAPS, *state_file._SCALARS, "order", "gang"}
+    assert names == {*state_changes.MAPS, *state_changes.SCALARS, "order", "gang"}
 
 
 def test_a_claim_appends_one_short_line_and_leaves_the_snapshot_alone(tmp_path):

@@ -18,205 +18,22 @@ than its snapshot (a crash between the two renames) is already in the snapshot.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
 from .faults import ExperimentFault, disk_fault, fault_message
-from .runs import RunState
-from .store import Claim, ExperimentState, StoreError, check_state_names
+from .flock import flock_for
+from .state_changes import Marks, apply_line, parse_lines, watch_runs
+from .store import ExperimentState, StoreError
 
 __all__ = ["FileStore"]
 
 _JOURNAL_FORMAT = "trl-rapidfire/scheduler-journal"
-# Maps whose entries a line sets or deletes one by one (the others are replaced whole).
-_MAPS = ("runs", "chunks_total", "claims", "owner", "last_run", "clones", "gang_size")
-_SCALARS = ("fingerprint", "ready", "wall_seconds")
 _MIN_COMPACT_BYTES = 64 * 1024
-
-
-class _Tracked(dict):
-    """A dict that remembers which keys were set or deleted since :meth:`reset`."""
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.changed: set[str] = set()
-
-    def reset(self) -> None:
-        self.changed = set()
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.changed.add(key)
-        super().__setitem__(key, value)
-
-    def __delitem__(self, key: str) -> None:
-        self.changed.add(key)
-        super().__delitem__(key)
-
-    def pop(self, key: str, *default: Any) -> Any:
-        self.changed.add(key)
-        return super().pop(key, *default)
-
-    def setdefault(self, key: str, default: Any = None) -> Any:
-        if key not in self:
-            self[key] = default
-        return self[key]
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        for key, value in dict(*args, **kwargs).items():
-            self[key] = value
-
-    def popitem(self) -> tuple[str, Any]:
-        key, value = super().popitem()
-        self.changed.add(key)
-        return key, value
-
-    def clear(self) -> None:
-        self.changed.update(self)
-        super().clear()
-
-
-def _watch(runs: Any, touched: set[str]) -> None:
-    for run in runs:
-        run.watch(touched)
-
-
-def _encode(name: str, value: Any) -> Any:
-    if name == "runs":
-        return value.to_json()
-    if name == "claims":
-        return asdict(value)
-    return value
-
-
-def _decode(name: str, value: Any) -> Any:
-    if name == "runs":
-        return RunState.from_json(value)
-    if name == "claims":
-        return Claim(**value)
-    return value
-
-
-class _Marks:
-    """What a transaction's body starts from, kept cheaply enough to tell what it changed.
-
-    Run records tell on themselves (:meth:`RunState.watch`); the small parts (claims, whose
-    leases change in place, and the gang) are copied; the rest are :class:`_Tracked` dicts.
-    """
-
-    def __init__(self, state: ExperimentState, touched: set[str]) -> None:
-        touched.clear()
-        self.touched = touched
-        for name in _MAPS:
-            value = getattr(state, name)
-            if not isinstance(value, _Tracked):
-                value = _Tracked(value)
-                setattr(state, name, value)
-                if name == "runs":
-                    _watch(value.values(), touched)
-            value.reset()
-        self.claims = {n: (c.worker, c.chunk, c.lease_until) for n, c in state.claims.items()}
-        self.gang = copy.deepcopy(state.gang)
-        self.order = list(state.order)
-        self.scalars = {name: getattr(state, name) for name in _SCALARS}
-        self.maps = {name: getattr(state, name) for name in _MAPS}
-
-    def delta(self, state: ExperimentState) -> dict[str, Any]:
-        """The change from the marked state to ``state`` as one journal line (``{}``: none)."""
-        line: dict[str, Any] = {}
-        sets: dict[str, dict[str, Any]] = {}
-        dels: dict[str, list[str]] = {}
-        for name in _MAPS:
-            now = getattr(state, name)
-            if now is not self.maps[name]:  # replaced whole
-                line.setdefault("put", {})[name] = {k: _encode(name, v) for k, v in now.items()}
-                continue
-            keys = set(now.changed)
-            if name == "runs":
-                keys |= self.touched
-            elif name == "claims":
-                keys |= {n for n, c in now.items()
-                         if self.claims.get(n) != (c.worker, c.chunk, c.lease_until)}
-            for key in keys:
-                if key in now:
-                    sets.setdefault(name, {})[key] = _encode(name, now[key])
-                else:
-                    dels.setdefault(name, []).append(key)
-        if sets:
-            line["set"] = sets
-        if dels:
-            line["del"] = dels
-        puts = line.get("put", {})
-        if state.order != self.order:
-            n = len(self.order)
-            if state.order[:n] == self.order:
-                line["append"] = {"order": state.order[n:]}
-            else:
-                puts["order"] = list(state.order)
-        if state.gang != self.gang:
-            puts["gang"] = copy.deepcopy(state.gang)
-        for name in _SCALARS:
-            if getattr(state, name) != self.scalars[name]:
-                puts[name] = getattr(state, name)
-        if puts:
-            line["put"] = puts
-        return line
-
-
-def _apply(state: ExperimentState, line: dict[str, Any], touched: set[str]) -> None:
-    """Apply one journal line to ``state`` (its run names checked first: the file may have
-    been edited by someone other than the experiment's author)."""
-    sets, dels, puts = line.get("set", {}), line.get("del", {}), line.get("put", {})
-    appended = line.get("append", {}).get("order", [])
-    check_state_names({
-        "runs": sets.get("runs", {}) | puts.get("runs", {}),
-        "chunks_total": sets.get("chunks_total", {}) | puts.get("chunks_total", {}),
-        "order": [*appended, *puts.get("order", [])],
-        "claims": sets.get("claims", {}) | puts.get("claims", {}),
-        "owner": sets.get("owner", {}) | puts.get("owner", {}),
-        "last_run": sets.get("last_run", {}) | puts.get("last_run", {}),
-        "clones": sets.get("clones", {}) | puts.get("clones", {}),
-        "gang_size": sets.get("gang_size", {}) | puts.get("gang_size", {}),
-        "gang": puts.get("gang"),
-    })
-    for name, entries in sets.items():
-        target = getattr(state, name)
-        for key, value in entries.items():
-            target[key] = _decode(name, value)
-    for name, keys in dels.items():
-        target = getattr(state, name)
-        for key in keys:
-            target.pop(key, None)
-    if appended:
-        state.order.extend(appended)
-    for name, value in puts.items():
-        if name in _MAPS:
-            value = {k: _decode(name, v) for k, v in value.items()}
-        setattr(state, name, value)
-    _watch((state.runs[k] for k in sets.get("runs", {}) if k in state.runs), touched)
-    if "runs" in puts:
-        _watch(state.runs.values(), touched)
-    if "chunks_total" in sets or "chunks_total" in puts:
-        state.chunks_total = {k: int(v) for k, v in state.chunks_total.items()}
-
-
-def _parse_lines(data: bytes, where: Path) -> tuple[list[dict[str, Any]], int]:
-    """The whole lines in ``data`` and the bytes they take (a torn last line is left out)."""
-    end = data.rfind(b"\n") + 1
-    lines = []
-    for raw in data[:end].splitlines():
-        try:
-            lines.append(json.loads(raw))
-        except ValueError as err:
-            raise StoreError(f"{where} has a damaged line ({err}): restore it, or use another "
-                             "output_dir") from None
-    return lines, end
 
 
 @dataclass
@@ -249,9 +66,11 @@ class FileStore:
         self.folder = Path(folder)
         self.path = self.folder / "scheduler.json"
         self.journal_path = self.folder / "scheduler.journal"
-        # One lock object per process (flock is per open file); thread_local keeps threads
-        # of one process excluded from each other too.
-        self._lock = FileLock(str(self.path) + ".lock", is_singleton=True)
+        # One lock per process and path; each thread holds its own descriptor of it, so the
+        # threads of one process are excluded from each other too.
+        self._lock_path = str(self.path) + ".lock"
+        self._lock = flock_for(self._lock_path)
+        self._folder_made = False
         self.fingerprint = fingerprint
         self._cache: _Cache | None = None
         if create:
@@ -280,7 +99,7 @@ class FileStore:
             header, lines = self._journal_lines(data)
             if header == generation:
                 for line in lines:
-                    _apply(state, line, set())
+                    apply_line(state, line, set())
                 return state
             if header is not None and header < generation:
                 return state  # the journal is already folded into the snapshot
@@ -306,7 +125,7 @@ class FileStore:
                     f"{state.fingerprint[:12]}, these runs {self.fingerprint[:12]}): use "
                     "another output_dir, or run the configs it was made for."
                 )
-            marks = _Marks(state, cache.touched if cache is not None else set())
+            marks = Marks(state, cache.touched if cache is not None else set())
             try:
                 yield state
                 if cache is None:
@@ -316,7 +135,7 @@ class FileStore:
                 if line:
                     self._append(cache, line, durable)
                     # Runs the body added: their later changes are journalled too.
-                    _watch((state.runs[k] for k in state.runs.changed if k in state.runs),
+                    watch_runs((state.runs[k] for k in state.runs.changed if k in state.runs),
                            cache.touched)
                 if cache.offset > max(_MIN_COMPACT_BYTES, cache.snapshot_bytes):
                     self._compact(state, generation=cache.generation + 1)
@@ -365,7 +184,7 @@ class FileStore:
             raise StoreError(f"{self.path} is not a valid scheduler state: {err}") from None
 
     def _journal_lines(self, data: bytes) -> tuple[int | None, list[dict[str, Any]]]:
-        lines, _ = _parse_lines(data, self.journal_path)
+        lines, _ = parse_lines(data, self.journal_path)
         if not lines:
             return None, []
         header = lines[0]
@@ -395,9 +214,9 @@ class FileStore:
     def _read_tail(self, cache: _Cache, size: int) -> None:
         try:
             data = os.pread(cache.fd, size - cache.offset, cache.offset)
-            lines, used = _parse_lines(data, self.journal_path)
+            lines, used = parse_lines(data, self.journal_path)
             for line in lines:
-                _apply(cache.state, line, cache.touched)
+                apply_line(cache.state, line, cache.touched)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             self._forget()
             raise StoreError(f"{self.journal_path} has a line that is not a change of the "
@@ -433,10 +252,10 @@ class FileStore:
                 os.close(fd)
                 fd, lines = self._new_journal(generation), []
             touched: set[str] = set()
-            _watch(state.runs.values(), touched)
+            watch_runs(state.runs.values(), touched)
             for line in lines:
-                _apply(state, line, touched)
-            _, used = _parse_lines(data, self.journal_path)
+                apply_line(state, line, touched)
+            _, used = parse_lines(data, self.journal_path)
             if used < len(data):
                 os.ftruncate(fd, used)
             st = os.fstat(fd)
@@ -509,22 +328,30 @@ class FileStore:
                                                 disk_fault(err, ours=True) or str(err))) from err
         touched = self._cache.touched if self._cache is not None else set()
         self._forget()
-        _watch(state.runs.values(), touched)
+        watch_runs(state.runs.values(), touched)
         st = os.fstat(fd)
         self._cache = _Cache(state, fd, (st.st_dev, st.st_ino), st.st_size, generation,
                              len(text), touched, st.st_size)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise ExperimentFault(fault_message("the shared state", self.folder,
-                                                disk_fault(err, ours=True) or str(err))) from err
+        if not self._folder_made:
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise ExperimentFault(fault_message(
+                    "the shared state", self.folder, disk_fault(err, ours=True) or str(err))
+                ) from err
+            self._folder_made = True
         try:
             self._lock.acquire()
+        except FileNotFoundError:  # the folder went since: make it again, once
+            self._folder_made = False
+            with self._locked():
+                yield
+            return
         except OSError as err:  # the folder became read-only or full: say which, once
-            raise ExperimentFault(fault_message("the shared state's lock", self._lock.lock_file,
+            raise ExperimentFault(fault_message("the shared state's lock", self._lock_path,
                                                 disk_fault(err, ours=True) or str(err))) from err
         try:
             yield

@@ -213,7 +213,9 @@ class Coordinator:
             st.wall_seconds = self._clock.seconds()
         for name, record in st.runs.items():
             slot = self.slots.get(name)
-            if slot is not None:
+            # An unchanged record of a run this worker is not behind on changes nothing.
+            if slot is not None and (record != slot.state
+                                     or record.chunks_done > slot.local_chunks):
                 self.adopt(slot, record.copy())
 
     def _unbuilt_clones(self, st: Any) -> dict[str, dict[str, str]]:
