@@ -43,6 +43,7 @@ Usage::
     python benchmarks/overhead.py                 # 3 pairs, 256 rows, default thread count
     python benchmarks/overhead.py --quick         # 64 rows, 1 pair: a smoke test
     python benchmarks/overhead.py --threads 1 --repeats 5 --json overhead.json
+    python benchmarks/overhead.py --threads 1 --busy 1   # another process keeps a core busy
 
 Runs offline on CPU (``HF_HUB_OFFLINE=1`` is fine); on a CUDA machine it runs unchanged.
 
@@ -436,6 +437,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
     parser.add_argument(
+        "--busy", type=int, default=0, metavar="N",
+        help="keep N other processes spinning on the CPU while both sides run (a busy "
+             "machine's neighbour; default 0)",
+    )
+    parser.add_argument(
         "--no-tracking", dest="tracking", action="store_false",
         help="side A without MLflow tracking and op polling (default: on, as for users)",
     )
@@ -448,11 +454,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--repeats and --rows must be at least 1")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be at least 1")
+    if args.busy < 0:
+        parser.error("--busy must be at least 0")
     return args
+
+
+@contextlib.contextmanager
+def busy_neighbours(n: int) -> Iterator[None]:
+    """``n`` processes that each keep one core busy (pure Python spinning) for the body."""
+    import subprocess
+
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with busy_neighbours(args.busy):
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     threads_at_start = torch.get_num_threads()
     threads = args.threads or threads_at_start
     torch.set_num_threads(threads)
@@ -490,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  repeats  : {args.repeats} A/B pair(s), alternating; best (min) time per side")
     load_start = load_average()
     print(
-        f"  load avg : {load_start} at start ({os.cpu_count()} CPUs); "
+        f"  load avg : {load_start} at start ({os.cpu_count()} CPUs; {args.busy} busy "
+        "neighbour process(es), --busy); "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '<unset>')}"
     )
     if args.tracking:
@@ -548,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": device,
             "cpu_count": os.cpu_count(),
             "load_average": {"start": load_start, "end": load_end},
+            "busy_neighbours": args.busy,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "versions": {
                 "python": platform.python_version(), "torch": torch.__version__,
