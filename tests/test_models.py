@@ -103,6 +103,42 @@ def test_fast_activation_does_what_peft_set_adapter_does():
         assert layers[0] == layers[1] and layers[0] == [[name]] * len(layers[0])
 
 
+def test_switching_between_known_adapters_toggles_what_set_adapter_would():
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    loras = [tiny_lora_config(r=4), tiny_lora_config(r=8, target_modules=("q_proj", "k_proj")),
+             tiny_lora_config(r=2)]
+    groups = []
+    for _ in range(2):
+        group = ModelPool().group(build_model(build_tokenizer()), peft_config=loras[0],
+                                  model_init_kwargs=None)
+        for i, lora in enumerate(loras[:2]):
+            group.add_adapter(adapter_name(i), lora, seed=i)
+        groups.append(group)
+    fast, peft = groups
+    # Each adapter's first activation is PEFT's own; the later ones toggle two adapters. An
+    # adapter added meanwhile (a clone) and a detach / attach keep it right.
+    steps = ["rf0", "rf1", "rf0", "rf1", "add rf2", "rf2", "rf0", "detach rf1", "rf1", "rf0"]
+    for step in steps:
+        verb, _, name = step.rpartition(" ")
+        for g in groups:
+            if verb == "add":
+                g.add_adapter(name, loras[2], seed=2)
+            elif verb == "detach":
+                g.detach(name)
+        if verb:
+            continue
+        fast.activate(name)
+        peft.attach(name)
+        peft.model.set_adapter(name)
+        flags = [[(n, p.requires_grad) for n, p in g.model.named_parameters()] for g in groups]
+        assert flags[0] == flags[1], step
+        assert sum(rg for _, rg in flags[0]) == len(adapter_params(fast.model, name))
+        layers = [[m.active_adapters for m in g.model.modules() if isinstance(m, BaseTunerLayer)]
+                  for g in groups]
+        assert layers[0] == layers[1] == [[name]] * len(layers[0]), step
+
+
 def test_detached_adapters_leave_the_module_tree_and_come_back_as_they_were():
     loras = [tiny_lora_config(r=4), tiny_lora_config(r=8, target_modules=("q_proj", "k_proj")),
              tiny_lora_config(r=2, modules_to_save=["lm_head"])]

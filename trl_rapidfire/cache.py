@@ -193,16 +193,23 @@ class StateCache:
         if not isinstance(key, str):
             raise TypeError(f"keys are run names (str), got {type(key).__name__}")
         pin = self.pin_memory
+        sizes: list[int] = []  # counted as they are copied: no second walk of the tree
 
         def to_host(t: torch.Tensor) -> torch.Tensor:
-            if not copy and not pin and t.device.type == "cpu":
-                return t.detach()
-            return _host_copy(t, pin)
+            out = t.detach() if not copy and not pin and t.device.type == "cpu" else \
+                _host_copy(t, pin)
+            sizes.append(out.untyped_storage().nbytes())
+            return out
 
-        copied = copy_tree(tree, "tree", to_host)
+        def array_copy(a: Any) -> Any:
+            out = a.copy()
+            sizes.append(out.nbytes)
+            return out
+
+        copied = copy_tree(tree, "tree", to_host, array_copy)
         if key in self._entries:
             self._drop(key)
-        nbytes = tree_nbytes(copied)
+        nbytes = sum(sizes)
         self._entries[key] = _Entry(copied, nbytes, in_memory=True, on_disk=False)
         self._bytes += nbytes
         self._enforce_budget(key)

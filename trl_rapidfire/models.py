@@ -133,6 +133,10 @@ class ModelGroup:
     _aux_modules: list[Any] | None = field(default=None, repr=False)
     # adapter -> (container, key, value) entries taken out of the tuner layers by detach()
     _detached: dict[str, list[tuple[Any, str, Any]]] = field(default_factory=dict, repr=False)
+    # adapter -> the parameters PEFT's set_adapter made trainable for it; and the adapter the
+    # last activate() left active (None: its invariant may not hold, e.g. after add_adapter)
+    _trainable: dict[str, list[torch.nn.Parameter]] = field(default_factory=dict, repr=False)
+    _active: str | None = field(default=None, repr=False)
 
     def activate(self, name: str) -> None:
         """Make adapter ``name`` the active (and only trainable) one.
@@ -147,15 +151,47 @@ class ModelGroup:
             return
         self.attach(name)
         self._find_layers()
+        prev, self._active = self._active, None
         model.active_adapter = name
-        for module in self._aux_modules:
-            target = module.check_set_adapter(name)
-            module.set_adapter(target if target in module._adapters else [])
-        for layer in self._tuner_layers:
-            if layer.merged:
-                layer.unmerge()
-            layer.set_adapter(name)
+        if (prev is not None and prev != name and not self._aux_modules
+                and prev in self._trainable and name in self._trainable):
+            # Only two adapters change trainability: toggling theirs is what set_adapter's
+            # walk over every adapter of every layer ends with (9 ms a switch at a 135M
+            # model's shape with 8 adapters, against well under 1 ms).
+            for p in self._trainable[prev]:
+                p.requires_grad_(False)
+            for p in self._trainable[name]:
+                p.requires_grad_(True)
+            for layer in self._tuner_layers:
+                if layer.merged:
+                    layer.unmerge()
+                layer._active_adapter = [name]  # what set_adapter sets last
+        else:
+            for module in self._aux_modules:
+                target = module.check_set_adapter(name)
+                module.set_adapter(target if target in module._adapters else [])
+            for layer in self._tuner_layers:
+                if layer.merged:
+                    layer.unmerge()
+                layer.set_adapter(name)
+            self._trainable[name] = self._made_trainable(name)
         model.base_model.active_adapter = name
+        self._active = name
+
+    def _made_trainable(self, name: str) -> list[torch.nn.Parameter]:
+        out = []
+        for layer in self._tuner_layers:
+            for attr in layer.adapter_layer_names:
+                container = getattr(layer, attr, None)
+                if container is not None and name in container:
+                    value = container[name]
+                    params = [value] if isinstance(value, torch.Tensor) else value.parameters()
+                    out.extend(p for p in params if p.requires_grad)
+        return out
+
+    def _forget_layers(self) -> None:
+        self._tuner_layers = self._aux_modules = None
+        self._trainable, self._active = {}, None
 
     def _find_layers(self) -> None:
         from peft.tuners.tuners_utils import BaseTunerLayer
@@ -212,7 +248,7 @@ class ModelGroup:
         peft_config = getattr(self.model, "peft_config", None)
         if isinstance(peft_config, dict) and name in peft_config:
             self.model.delete_adapter(name)
-            self._tuner_layers = self._aux_modules = None
+            self._forget_layers()
 
     def add_adapter(self, name: str, peft_config: Any, seed: int) -> list[torch.nn.Parameter]:
         """Add run adapter ``name`` initialised exactly as ``SFTTrainer`` would initialise it
@@ -220,7 +256,7 @@ class ModelGroup:
         from peft import PeftModel, get_peft_model
 
         config = copy.deepcopy(peft_config)
-        self._tuner_layers = self._aux_modules = None  # new target modules may appear
+        self._forget_layers()  # new target modules may appear, PEFT marks what it trains
         set_seed(seed)
         if isinstance(self.model, PeftModel):
             self.model.add_adapter(name, config)

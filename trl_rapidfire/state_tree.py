@@ -85,34 +85,51 @@ def _check_key(k: Any, path: str) -> None:
         raise TypeError(f"{path}: dict key {k!r} of type {type(k).__name__} is not a JSON scalar.")
 
 
-def copy_tree(x: Any, path: str, tensor_copy) -> Any:
-    """A validated copy of ``x``: new containers, ``tensor_copy`` of each tensor, copied arrays.
+def copy_tree(x: Any, path: str, tensor_copy, array_copy=np.copy) -> Any:
+    """A validated copy of ``x``: new containers, ``tensor_copy`` of each tensor,
+    ``array_copy`` of each numpy array.
 
     ``path`` names ``x`` in errors. Raises ``TypeError`` for what a state tree cannot hold.
     """
+    return _copy(x, (path,), tensor_copy, array_copy)
+
+
+def _where(at: tuple) -> str:
+    # ``at`` is (name,) or (parent, key, in_dict): a leaf's path is only spelt out for an
+    # error (formatting it at every leaf was most of parking a run's state).
+    if len(at) == 1:
+        return at[0]
+    parent, key, in_dict = at
+    return f"{_where(parent)}[{key!r}]" if in_dict else f"{_where(parent)}[{key}]"
+
+
+def _copy(x: Any, at: tuple, tensor_copy, array_copy) -> Any:
     kind = type(x)
     if isinstance(x, torch.Tensor):
-        _check_tensor(x, path)
+        if x.layout != torch.strided or x.is_quantized:
+            _check_tensor(x, _where(at))
         return tensor_copy(x)
-    if kind is np.ndarray:
-        _check_array(x, path)
-        return x.copy()
-    if isinstance(x, np.generic):
-        _check_array(x, path)
-        return x  # numpy scalars are immutable
     if kind in _SCALAR_TYPES:
         return x
     if kind is dict or kind is OrderedDict:
         out = kind()
         for k, v in x.items():
-            _check_key(k, path)
-            out[k] = copy_tree(v, f"{path}[{k!r}]", tensor_copy)
+            if type(k) not in _SCALAR_TYPES:
+                _check_key(k, _where(at))
+            out[k] = _copy(v, (at, k, True), tensor_copy, array_copy)
         return out
     if kind is list or kind is tuple:
-        return kind(copy_tree(v, f"{path}[{i}]", tensor_copy) for i, v in enumerate(x))
+        return kind([_copy(v, (at, i, False), tensor_copy, array_copy)
+                     for i, v in enumerate(x)])
+    if kind is np.ndarray:
+        _check_array(x, _where(at))
+        return array_copy(x)
+    if isinstance(x, np.generic):
+        _check_array(x, _where(at))
+        return x  # numpy scalars are immutable
     raise TypeError(
-        f"{path}: cannot store a {kind.__name__}; a state tree holds dicts, lists, tuples, "
-        "tensors, numpy arrays and JSON scalars."
+        f"{_where(at)}: cannot store a {kind.__name__}; a state tree holds dicts, lists, "
+        "tuples, tensors, numpy arrays and JSON scalars."
     )
 
 
