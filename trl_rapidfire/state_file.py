@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .atomic_folders import fsync_dir
 from .faults import ExperimentFault, disk_fault, fault_message
 from .flock import flock_for
 from .state_changes import Marks, apply_line, parse_lines, watch_runs
@@ -96,7 +97,7 @@ class FileStore:
                 data = self.journal_path.read_bytes()
             except FileNotFoundError:
                 return state
-            header, lines = self._journal_lines(data)
+            header, lines, _ = self._journal_lines(data)
             if header == generation:
                 for line in lines:
                     apply_line(state, line, set())
@@ -183,17 +184,23 @@ class FileStore:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, StoreError) as err:
             raise StoreError(f"{self.path} is not a valid scheduler state: {err}") from None
 
-    def _journal_lines(self, data: bytes) -> tuple[int | None, list[dict[str, Any]]]:
-        lines, _ = parse_lines(data, self.journal_path)
+    def _journal_lines(self, data: bytes) -> tuple[int | None, list[dict[str, Any]], int]:
+        """The journal ``data``'s generation, its change lines, and the bytes its whole lines
+        take (a torn last line left out)."""
+        lines, used = parse_lines(data, self.journal_path)
         if not lines:
-            return None, []
+            return None, [], used
         header = lines[0]
         if not isinstance(header, dict) or header.get("format") != _JOURNAL_FORMAT:
             raise StoreError(f"{self.journal_path} is not a trl-rapidfire scheduler journal")
         try:
-            return int(header["generation"]), lines[1:]
+            return int(header["generation"]), lines[1:], used
         except (KeyError, TypeError, ValueError):
             raise StoreError(f"{self.journal_path} has no generation in its header") from None
+
+    def _bad_line(self, err: Exception) -> StoreError:
+        return StoreError(f"{self.journal_path} has a line that is not a change of the state "
+                          f"({err}): restore it, or use another output_dir")
 
     def _current(self) -> _Cache | None:
         """Under the lock: this process's copy, with what others appended since read in."""
@@ -219,8 +226,7 @@ class FileStore:
                 apply_line(cache.state, line, cache.touched)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             self._forget()
-            raise StoreError(f"{self.journal_path} has a line that is not a change of the "
-                             f"state ({err}): restore it, or use another output_dir") from None
+            raise self._bad_line(err) from None
         except BaseException:
             self._forget()
             raise
@@ -241,7 +247,7 @@ class FileStore:
         try:
             size = os.fstat(fd).st_size
             data = os.pread(fd, size, 0)
-            header, lines = self._journal_lines(data)
+            header, lines, used = self._journal_lines(data)
             if header != generation:
                 if header is not None and header > generation:
                     raise StoreError(
@@ -251,22 +257,22 @@ class FileStore:
                 # snapshot has all of it.
                 os.close(fd)
                 fd, lines = self._new_journal(generation), []
+                data = os.pread(fd, os.fstat(fd).st_size, 0)
+                used = len(data)
             touched: set[str] = set()
             watch_runs(state.runs.values(), touched)
             for line in lines:
                 apply_line(state, line, touched)
-            _, used = parse_lines(data, self.journal_path)
             if used < len(data):
                 os.ftruncate(fd, used)
             st = os.fstat(fd)
-            start = os.pread(fd, 4096, 0).find(b"\n") + 1
+            start = data.find(b"\n") + 1  # after the header
             self._cache = _Cache(state, fd, (st.st_dev, st.st_ino), st.st_size, generation,
                                  snapshot_bytes, touched, start)
             return self._cache
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             os.close(fd)
-            raise StoreError(f"{self.journal_path} has a line that is not a change of the "
-                             f"state ({err}): restore it, or use another output_dir") from None
+            raise self._bad_line(err) from None
         except BaseException:
             os.close(fd)
             raise
@@ -321,7 +327,7 @@ class FileStore:
         try:
             os.replace(tmp, self.path)
             fd = self._new_journal(generation)
-            _fsync_folder(self.folder)
+            fsync_dir(self.folder)
         except OSError as err:
             self._forget()
             raise ExperimentFault(fault_message("the shared state", self.path,
@@ -357,18 +363,3 @@ class FileStore:
             yield
         finally:
             self._lock.release()
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make the renames in ``folder`` durable (a no-op where folders cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
