@@ -16,7 +16,10 @@ peak RSS is its own; both are forked from one forkserver that imported torch, tr
 TRL and trl-rapidfire once.
 
 Printed: ``wall RF / baseline`` (a side's time from its first trainer's construction to its
-last adapter written); the switching share from ``schedule.csv`` (gaps between one chunk's
+last adapter written); the floor under that ratio (the baseline's time inside its training
+steps, from ``on_step_begin`` to ``on_step_end``, over its wall: what an RF side that spent
+nothing besides the same steps would reach), with each side's time inside and outside its
+steps; the switching share from ``schedule.csv`` (gaps between one chunk's
 end and the next one's start over the sum of chunk durations) and ms per turn, with
 ``rf.engine.stats`` beside it; the time until every config has its first chunk's metric (RF:
 the last first-chunk end in ``schedule.csv``; B: when config 8 ends the same step, from a
@@ -252,6 +255,25 @@ def _bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+# Seconds inside the RF runs' training steps, summed over every run (each run's trainer gets a
+# copy of the callback: the sum lives here, not on the copies).
+RF_IN_STEPS = {"seconds": 0.0}
+
+
+def rf_step_clock() -> Any:
+    """A callback adding each step's time (``on_step_begin`` to ``on_step_end``) to RF_IN_STEPS."""
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.began = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            RF_IN_STEPS["seconds"] += time.perf_counter() - self.began
+
+    return Clock()
+
+
 def side_rf(args: argparse.Namespace, shape: Shape, out: Path) -> dict[str, Any]:
     from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
     from trl_rapidfire.runs import RunStatus
@@ -270,6 +292,9 @@ def side_rf(args: argparse.Namespace, shape: Shape, out: Path) -> dict[str, Any]
             train_dataset=data,
             peft_config=List([tiny_lora_config(r=r, target_modules=TARGET_MODULES)
                               for r in LORA_RANKS]))
+        # Added after construction, so after each run's chunk callback: its on_step_begin
+        # runs once the run is resumed, and the step's time excludes the turns of others.
+        trainer.add_callback(rf_step_clock())
         watch = CheckpointWatch(out / ".rapidfire" / "checkpoints")
         t1 = time.perf_counter()
         trainer.train()
@@ -280,6 +305,7 @@ def side_rf(args: argparse.Namespace, shape: Shape, out: Path) -> dict[str, Any]
             raise RuntimeError(f"RF {run.name} {knobs} ended {run.status}: {run.error}")
     engine = {k: getattr(trainer.engine.stats, k) for k in ("compute", "switching", "turns")}
     return {"begin": begin, "total": t2 - t0, "construct": t1 - t0, "train": t2 - t1,
+            "in_steps": RF_IN_STEPS["seconds"],
             "engine": engine, "checkpoints": watch.report(trainer.engine.stats),
             **gpu.report(t2 - t0)}
 
@@ -293,9 +319,14 @@ def side_seq(args: argparse.Namespace, shape: Shape, out: Path) -> dict[str, Any
     class StepClock(TrainerCallback):  # reads the clock only: no RNG, no state
         def __init__(self) -> None:
             self.ends: dict[int, float] = {}
+            self.in_steps, self._began = 0.0, 0.0
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self._began = time.perf_counter()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.ends[state.global_step] = time.time()
+            self.in_steps += time.perf_counter() - self._began
 
     data, path = dataset(shape, args.steps * args.batch), model_path(shape)
     gpu = GpuBusy(args.device)
@@ -312,7 +343,7 @@ def side_seq(args: argparse.Namespace, shape: Shape, out: Path) -> dict[str, Any
                 peft_config=tiny_lora_config(r=r, target_modules=TARGET_MODULES))
             trainer.train()
             trainer.save_model(str(run_dir / "final"))
-            configs.append({"step_ends": clock.ends})
+            configs.append({"step_ends": clock.ends, "in_steps": clock.in_steps})
             del trainer
         total = time.perf_counter() - t0
     return {"begin": begin, "total": total, "configs": configs, **gpu.report(total)}
@@ -393,6 +424,14 @@ def report(args: argparse.Namespace, rf: dict[str, Any], seq: dict[str, Any], n:
     print(f"wall       RF / baseline = {rf['total'] / seq['total']:.3f}   "
           f"({rf['total']:.1f} s / {seq['total']:.1f} s; RF construct {rf['construct']:.1f} s "
           f"+ train {rf['train']:.1f} s)")
+    # What no scheduler can save: the baseline's time in its optimizer steps (forward,
+    # backward, step), which RF does too; the rest of its wall is what RF can save at most.
+    in_steps = sum(c["in_steps"] for c in seq["configs"])
+    print(f"floor      baseline in its training steps {in_steps:.1f} s of {seq['total']:.1f} s: "
+          f"an RF that cost nothing besides them would reach {in_steps / seq['total']:.3f}; "
+          f"RF in its steps {rf['in_steps']:.1f} s (RF / baseline "
+          f"{rf['in_steps'] / in_steps:.3f}), outside them {rf['total'] - rf['in_steps']:.1f} s "
+          f"vs {seq['total'] - in_steps:.1f} s")
     from trl_rapidfire.schedule import ChunkRecord, Handoffs
 
     chunks = sorted(rf["chunks"], key=lambda c: c["start_time"])

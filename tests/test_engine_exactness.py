@@ -235,6 +235,62 @@ def test_runs_parked_on_disk_resume_exactly(model_path, tmp_path):
         assert _logs(rf.run_trainer(f"run-{i}")) == _logs(ref)
 
 
+def _lora_state_bytes(model_path, lora) -> int:
+    """Bytes of one run's live state: its adapter and Adam's two moments and step per tensor."""
+    from peft import get_peft_model
+
+    params = [p for p in get_peft_model(LlamaForCausalLM.from_pretrained(model_path),
+                                        lora).parameters() if p.requires_grad]
+    return sum(3 * p.numel() * p.element_size() + 4 for p in params)
+
+
+@pytest.mark.parametrize("budget", ["default", "one run"])
+def test_runs_idle_in_place_on_the_host_within_the_cache_budget(model_path, tmp_path, budget):
+    # On the host, parking would only hand the cache the very tensors the run holds: between
+    # their turns runs stay in place while the budget holds them (nothing in the cache), and
+    # beyond it the least recently trained are parked. Either way, bitwise as trained alone.
+    data = make_sft_dataset(32, seed=4)
+    lora = tiny_lora_config(r=4)
+    common = dict(BASE, num_train_epochs=1, gradient_accumulation_steps=1, logging_steps=2)
+    one = _lora_state_bytes(model_path, lora)
+    extra = {} if budget == "default" else {"cache_budget_bytes": one}
+    lrs = [1e-3, 2e-3, 3e-3]
+    rf = RFSFTTrainer(
+        model=model_path,
+        args=RFSFTConfig(output_dir=str(tmp_path / "rf"), num_chunks=4,
+                         learning_rate=List(lrs), **extra, **common),
+        train_dataset=data,
+        peft_config=lora,
+    )
+    seen = {"idle": 0, "parked": 0}
+
+    class SeeResidency(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            engine = rf.engine
+            # Runs that have trained and are not training now: idle in place, or parked.
+            live = [s for s in engine.slots.values() if s.residency.resident
+                    and s.trainer.state.global_step and s.trainer.state is not state]
+            seen["idle"] = max(seen["idle"], len(live))
+            in_rotation = [k for k in engine.cache.keys()  # (a completed run is parked)
+                           if engine.slots[k].state.status.schedulable]
+            seen["parked"] = max(seen["parked"], len(in_rotation))
+            held = sum(s.residency.live_bytes(s.trainer.optimizer) for s in live)
+            assert held + engine.cache.bytes_in_memory <= engine.cache.budget_bytes
+
+    rf.add_callback(SeeResidency())
+    rf.train()
+    if budget == "default":
+        assert seen == {"idle": len(lrs) - 1, "parked": 0}
+    else:
+        assert seen["idle"] == 1 and seen["parked"] >= 1
+    for i, lr in enumerate(lrs):
+        ref = _reference(model_path, tmp_path / f"ref{i}", dict(common, learning_rate=lr), data,
+                         peft_config=lora)
+        _assert_same_weights(tmp_path / "rf" / "runs" / f"run-{i}" / "final",
+                             tmp_path / f"ref{i}" / "final")
+        assert _logs(rf.run_trainer(f"run-{i}")) == _logs(ref)
+
+
 def test_single_config_equals_sft_trainer_including_save_model(model_path, tmp_path):
     data = make_sft_dataset(32, seed=5)
     lora = tiny_lora_config(r=4, lora_dropout=0.1)

@@ -107,23 +107,25 @@ def test_switching_between_known_adapters_toggles_what_set_adapter_would():
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     loras = [tiny_lora_config(r=4), tiny_lora_config(r=8, target_modules=("q_proj", "k_proj")),
-             tiny_lora_config(r=2)]
+             tiny_lora_config(r=2, use_dora=True), tiny_lora_config(r=2)]
     groups = []
     for _ in range(2):
         group = ModelPool().group(build_model(build_tokenizer()), peft_config=loras[0],
                                   model_init_kwargs=None)
-        for i, lora in enumerate(loras[:2]):
+        for i, lora in enumerate(loras[:3]):
             group.add_adapter(adapter_name(i), lora, seed=i)
         groups.append(group)
     fast, peft = groups
-    # Each adapter's first activation is PEFT's own; the later ones toggle two adapters. An
-    # adapter added meanwhile (a clone) and a detach / attach keep it right.
-    steps = ["rf0", "rf1", "rf0", "rf1", "add rf2", "rf2", "rf0", "detach rf1", "rf1", "rf0"]
+    # The first activation after the model was built (or an adapter added) is PEFT's own;
+    # every later one, an adapter's first included, toggles two adapters. An adapter added
+    # meanwhile (a clone) and a detach / attach keep it right.
+    steps = ["rf0", "rf1", "rf2", "rf0", "rf1", "add rf3", "rf3", "rf0", "detach rf1", "rf1",
+             "rf2", "rf0"]
     for step in steps:
         verb, _, name = step.rpartition(" ")
         for g in groups:
             if verb == "add":
-                g.add_adapter(name, loras[2], seed=2)
+                g.add_adapter(name, loras[3], seed=3)
             elif verb == "detach":
                 g.detach(name)
         if verb:

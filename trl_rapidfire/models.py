@@ -154,10 +154,13 @@ class ModelGroup:
         prev, self._active = self._active, None
         model.active_adapter = name
         if (prev is not None and prev != name and not self._aux_modules
-                and prev in self._trainable and name in self._trainable):
+                and prev in self._trainable):
             # Only two adapters change trainability: toggling theirs is what set_adapter's
             # walk over every adapter of every layer ends with (9 ms a switch at a 135M
-            # model's shape with 8 adapters, against well under 1 ms).
+            # model's shape with 8 adapters, against well under 1 ms). An adapter's first
+            # activation too: set_adapter makes every parameter of its modules trainable.
+            if name not in self._trainable:
+                self._trainable[name] = self._adapter_modules_params(name)
             for p in self._trainable[prev]:
                 p.requires_grad_(False)
             for p in self._trainable[name]:
@@ -179,14 +182,18 @@ class ModelGroup:
         self._active = name
 
     def _made_trainable(self, name: str) -> list[torch.nn.Parameter]:
+        return [p for p in self._adapter_modules_params(name) if p.requires_grad]
+
+    def _adapter_modules_params(self, name: str) -> list[torch.nn.Parameter]:
+        """The parameters of adapter ``name``'s modules in the tuner layers (what PEFT's
+        ``set_adapter(name)`` makes trainable)."""
         out = []
         for layer in self._tuner_layers:
             for attr in layer.adapter_layer_names:
                 container = getattr(layer, attr, None)
                 if container is not None and name in container:
                     value = container[name]
-                    params = [value] if isinstance(value, torch.Tensor) else value.parameters()
-                    out.extend(p for p in params if p.requires_grad)
+                    out.extend([value] if isinstance(value, torch.Tensor) else value.parameters())
         return out
 
     def _forget_layers(self) -> None:

@@ -54,9 +54,36 @@ class Residency:
     _state_devices: list[dict[str, torch.device]] = field(default_factory=list)
     # What each parameter looks like when live (to give it room again after a drop).
     _layout: list[tuple[torch.Size, torch.dtype]] = field(default_factory=list)
+    # Bytes of the live tensors, once every parameter has its optimizer state (it never
+    # grows after that: Adam's moments are made at the first step).
+    _full_bytes: int | None = None
 
     def __post_init__(self) -> None:
         self._layout = [(p.shape, p.dtype) for p in self.params]
+
+    def on_host(self) -> bool:
+        """Whether the run's live tensors are in host memory (a CPU run's): parking them would
+        hand the state cache these very tensors."""
+        return self.resident and all(p.device.type == "cpu" for p in self.params[:1])
+
+    def live_bytes(self, optimizer: Any) -> int:
+        """Bytes of the run's resident parameter values and optimizer state (0 when parked)."""
+        if not self.resident:
+            return 0
+        if self._full_bytes is not None:
+            return self._full_bytes
+        opt = inner_optimizer(optimizer)
+        total, complete = 0, opt is not None
+        for p in self.params:
+            total += p.untyped_storage().nbytes()
+            state = opt.state.get(p) if opt is not None else None
+            complete = complete and bool(state)
+            for v in (state or {}).values():
+                if isinstance(v, torch.Tensor):
+                    total += v.untyped_storage().nbytes()
+        if complete:
+            self._full_bytes = total
+        return total
 
     def _optimizer_states(self, optimizer: Any) -> list[dict[str, Any] | None]:
         """The optimizer's per-parameter state dicts, in parameter order (``None``: none)."""

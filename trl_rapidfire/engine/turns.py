@@ -13,6 +13,7 @@ import json
 import shutil
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,10 @@ class Turns:
         self.rebuild = rebuild
         # The run whose tensors were switched in last.
         self.resident: RunSlot | None = None
+        # Runs between turns whose tensors stayed where they were ("idle in place"), least
+        # recently trained first: host tensors the state cache would only have taken over
+        # as they are, counted against its budget (see _set_aside).
+        self._idle: OrderedDict[str, RunSlot] = OrderedDict()
         self.stats = stats if stats is not None else EngineStats()
         self._replanned = replanned
         # One thread writes boundary checkpoints while the next run trains (made at the first
@@ -209,7 +214,8 @@ class Turns:
     def switch_in(self, slot: RunSlot) -> None:
         prev = self.resident
         if prev is not None and prev is not slot and prev.residency.resident:
-            prev.residency.park(self.cache, prev.trainer.optimizer)
+            self._set_aside(prev)
+        self._idle.pop(slot.name, None)
         if slot.gang:
             # Its own model, sharded by its trainer, never leaves: nothing to bring back (its
             # train() loads a checkpoint it continues from).
@@ -238,6 +244,31 @@ class Turns:
             slot.group.activate(slot.adapter)
         self._detach_idle(slot.group)
         self._restore_run_state(slot)
+
+    def _set_aside(self, slot: RunSlot) -> None:
+        """The end of ``slot``'s turn for its tensors: parked, or left idle in place.
+
+        Parking frees the device for the next run; on the host there is nothing to free (the
+        cache would hold these very tensors) and only a walk over every tensor to pay, twice a
+        turn (~5 ms at a 135M model's shape). So a run whose tensors are on the host and its
+        own (an adapter: full fine-tuning runs of one model share their parameters) stays in
+        place while it is in the rotation and the cache's budget holds it; beyond the budget
+        the least recently trained idle runs are parked (and the cache spills them to disk).
+        Which tensors a forward pass reads is the active adapter's business, not this."""
+        if (slot.adapter is None or slot.gang or not slot.state.status.schedulable
+                or not slot.residency.on_host()):
+            slot.residency.park(self.cache, slot.trainer.optimizer)
+            return
+        self._idle[slot.name] = slot
+        for other in [s for s in self._idle.values() if not s.state.status.schedulable]:
+            self.park(other)  # out of the rotation meanwhile (another worker finished it)
+        budget = self.cache.budget_bytes - self.cache.bytes_in_memory
+        held = sum(s.residency.live_bytes(s.trainer.optimizer) for s in self._idle.values())
+        while self._idle and held > budget:
+            _, oldest = self._idle.popitem(last=False)
+            held -= oldest.residency.live_bytes(oldest.trainer.optimizer)
+            oldest.residency.park(self.cache, oldest.trainer.optimizer)
+            budget = self.cache.budget_bytes - self.cache.bytes_in_memory
 
     def _restore_run_state(self, slot: RunSlot) -> None:
         restore_accelerate_state(slot.accelerate)
@@ -270,12 +301,14 @@ class Turns:
 
     def park(self, slot: RunSlot) -> None:
         """Park ``slot``'s tensors now (a stopped run) instead of at the next switch."""
+        self._idle.pop(slot.name, None)
         slot.residency.park(self.cache, slot.trainer.optimizer)
         if self.resident is slot:
             self.resident = None
 
     def drop(self, slot: RunSlot) -> None:
         """Forget a failed run's tensors."""
+        self._idle.pop(slot.name, None)
         slot.residency.drop(self.cache)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # after an out-of-memory error, give the rest back
@@ -286,6 +319,7 @@ class Turns:
         """Unwind a deleted (or policy-failed) run's ``train()`` and forget its tensors."""
         if slot.coroutine is not None and not slot.coroutine.finished:
             slot.coroutine.abort()
+        self._idle.pop(slot.name, None)
         slot.residency.drop(self.cache)
         if self.resident is slot:
             self.resident = None

@@ -1,0 +1,79 @@
+"""A boundary checkpoint's adapter weights: the run trainer finds its adapter's parameters once
+and reads them at every later boundary instead of walking the shared model's whole state dict;
+what it returns must stay what PEFT's ``get_peft_model_state_dict`` returns."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from peft import get_peft_model_state_dict
+
+from trl_rapidfire.models import ModelPool, adapter_name, adapter_params
+from trl_rapidfire.testing import build_model, build_tokenizer, tiny_lora_config
+from trl_rapidfire.trainers.run_trainer import RunTrainerMixin, _params_behind
+
+LORAS = [tiny_lora_config(r=4), tiny_lora_config(r=8, target_modules=("q_proj", "k_proj")),
+         tiny_lora_config(r=2, modules_to_save=["lm_head"]),
+         tiny_lora_config(r=4, use_dora=True)]
+
+
+def _group() -> object:
+    group = ModelPool().group(build_model(build_tokenizer()), peft_config=LORAS[0],
+                              model_init_kwargs=None)
+    for i, lora in enumerate(LORAS):
+        group.add_adapter(adapter_name(i), lora, seed=i)
+    return group
+
+
+def _same(fast: dict[str, torch.Tensor], peft: dict[str, torch.Tensor]) -> None:
+    assert list(fast) == list(peft)
+    for key in peft:
+        assert fast[key].data_ptr() == peft[key].data_ptr(), key
+        assert torch.equal(fast[key], peft[key]), key
+
+
+def test_adapter_weights_read_from_its_parameters_equal_peft_state_dict_at_every_boundary():
+    group = _group()
+    model = group.model
+    holders = {name: SimpleNamespace(model=model, _rf_adapter=name, _rf_adapter_keys=None)
+               for name in (adapter_name(i) for i in range(len(LORAS)))}
+    generator = torch.Generator().manual_seed(0)
+    # Turns as the engine takes them: activate, "train" (change the adapter in place), park
+    # and unpark (the values leave the same parameter objects and come back), and one adapter
+    # detached out of the rotation for a while.
+    turns = ["rf0", "rf1", "rf2", "rf3", "rf0", "detach rf1", "rf2", "rf1", "rf3", "rf0"]
+    for turn in turns:
+        verb, _, name = turn.rpartition(" ")
+        if verb == "detach":
+            group.detach(name)
+            continue
+        group.activate(name)
+        with torch.no_grad():
+            for p in adapter_params(model, name):
+                p.add_(torch.randn(p.shape, generator=generator))
+        holder = holders[name]
+        fast = RunTrainerMixin._rf_adapter_state_dict(holder)
+        _same(fast, get_peft_model_state_dict(model, adapter_name=name))
+        assert isinstance(holder._rf_adapter_keys, list)  # the parameters were found
+        again = RunTrainerMixin._rf_adapter_state_dict(holder)  # now from them
+        _same(again, get_peft_model_state_dict(model, adapter_name=name))
+        params = adapter_params(model, name)
+        values = [p.data for p in params]
+        for p in params:
+            p.data = torch.empty(0, dtype=p.dtype)
+        for p, v in zip(params, values):
+            p.data = v
+
+
+def test_anything_but_whole_parameters_keeps_peft_walk():
+    model = _group().model
+    weights = get_peft_model_state_dict(model, adapter_name="rf0")
+    assert len(_params_behind(model, weights)) == len(weights)
+    key = next(iter(weights))
+    assert _params_behind(model, {**weights, key: weights[key].clone()}) == []  # a copy
+    assert _params_behind(model, {**weights, key: weights[key][:1]}) == []  # a slice
+    twice = {**weights, "twice": weights[key]}
+    assert _params_behind(model, twice) == []  # one parameter under two keys
+    holder = SimpleNamespace(model=model, _rf_adapter="rf0", _rf_adapter_keys=None)
+    assert RunTrainerMixin._rf_adapter_state_dict(holder).keys() == weights.keys()
