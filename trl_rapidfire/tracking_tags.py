@@ -21,6 +21,7 @@ __all__ = [
     "ROLE_TAG",
     "RUN_TAG",
     "STATUS_TAG",
+    "check_uri_across_machines",
     "resolve_tracking_uri",
 ]
 
@@ -47,3 +48,24 @@ HEARTBEAT_STALE = 180.0
 def resolve_tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def check_uri_across_machines(uri: str, machines: int) -> None:
+    """Refuse a tracking store that writers on several machines would corrupt: a sqlite
+    database or a file store on a shared filesystem (their locks do not hold across machines
+    on NFS and similar). Raises ``RFConfigError`` naming the fix; nothing when ``machines`` is
+    1 or the store is a server."""
+    if machines <= 1:
+        return
+    scheme = uri.split(":", 1)[0].lower() if "://" in uri else "file"
+    if scheme not in ("sqlite", "file"):
+        return
+    from .config_errors import RFConfigError
+
+    raise RFConfigError(
+        f"report_to='mlflow' with the tracking store {uri!r} under a launch over {machines} "
+        "machines: a sqlite or file store written from several machines is not safe. Start a "
+        "tracking server on one machine (`mlflow server --backend-store-uri sqlite:///"
+        "mlflow.db --host 0.0.0.0 --port 5000`) "
+        "and set MLFLOW_TRACKING_URI=http://<that host>:5000 for every machine; or drop "
+        "'mlflow' from report_to.")

@@ -46,7 +46,9 @@ class WorkerInfo:
         local_rank: its index on this machine (its GPU).
         world_size: how many workers were launched (1 when not launched).
         token: unique to this process (a re-used pid is not the same worker).
-        launch: identifies the launch (all its workers share it; empty when not launched).
+        launch: identifies the launch (all its workers share it, on every machine; empty when
+            not launched).
+        machines: how many machines the launch spans (1 when not launched).
     """
 
     rank: int = 0
@@ -54,6 +56,7 @@ class WorkerInfo:
     world_size: int = 1
     token: str = ""
     launch: str = ""
+    machines: int = 1
 
     @property
     def id(self) -> str:
@@ -66,10 +69,53 @@ class WorkerInfo:
 
 
 def _from_record(text: str) -> WorkerInfo:
-    rank, local_rank, world, pid, token, launch = text.split(",")
+    rank, local_rank, world, pid, token, launch, machines = text.split(",")
     if int(pid) != os.getpid():  # inherited by a child process: not this worker's record
         raise ValueError
-    return WorkerInfo(int(rank), int(local_rank), int(world), token, launch)
+    return WorkerInfo(int(rank), int(local_rank), int(world), token, launch, int(machines))
+
+
+# The key under which the first worker publishes the launch's identity in the rendezvous
+# store (one per restart of the worker group: a restart is a new launch).
+_LAUNCH_KEY = "trl_rapidfire/launch/{restart}"
+
+
+def _launch_identity(rank: int) -> str:
+    """What every worker of this launch agrees on, on every machine, and no other launch has.
+
+    Under torchrun (``accelerate launch`` included) the rendezvous store of the launch is a
+    ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT`` that every worker can reach: the first worker
+    publishes a fresh id there and the others read it. Without one (a launcher that sets only
+    ``RANK``/``WORLD_SIZE``), the launcher's pid on this host, which only a single-machine
+    launch shares."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if addr and port and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        key = _LAUNCH_KEY.format(restart=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        try:
+            # Workers reach this point at about the same time (building their first RF
+            # config); the others wait for the first as long as torch's own rendezvous would.
+            store = TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=600))
+            if rank == 0:
+                store.set(key, uuid.uuid4().hex)
+            return f"{addr}:{port}:{store.get(key).decode()}"
+        except (RuntimeError, OSError, ValueError):  # no store there after all
+            pass
+    return (f"{socket.gethostname()}:{os.getppid()}:"
+            f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}")
+
+
+def _machines(world: int) -> int:
+    """How many machines the launch spans: torchrun's node count, else the world over the
+    workers on this machine."""
+    groups = os.environ.get("GROUP_WORLD_SIZE")
+    if groups:
+        return max(int(groups), 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
+    return max(world // max(local, 1), 1)
 
 
 def current_worker() -> WorkerInfo:
@@ -89,20 +135,19 @@ def detach_from_launch() -> WorkerInfo:
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     rank = int(os.environ.get("RANK", "0") or 0)
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)) or 0)
-    launch = ""
+    launch, machines = "", 1
     if world > 1:
-        # The launcher (torchrun's agent, accelerate's) is every worker's parent: its pid
-        # tells this launch from the next one on the same folder (a re-run after a crash).
-        launch = (f"{socket.gethostname()}:{os.getppid()}:"
-                  f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}")
-    info = WorkerInfo(rank, local_rank, world, uuid.uuid4().hex[:8], launch.replace(",", ";"))
+        # Tells this launch from the next one on the same folder (a re-run after a crash).
+        launch, machines = _launch_identity(rank), _machines(world)
+    info = WorkerInfo(rank, local_rank, world, uuid.uuid4().hex[:8], launch.replace(",", ";"),
+                      machines)
     if world > 1:
         os.environ[_PARENT_RECORD] = f"{os.getpid()}:{os.getppid()}"
         from .accelerate_state import leave_launch_world  # accelerate, torch: seconds
 
         leave_launch_world(local_rank)
     os.environ[_RECORD] = (f"{rank},{local_rank},{world},{os.getpid()},{info.token},"
-                           f"{info.launch}")
+                           f"{info.launch},{info.machines}")
     return info
 
 

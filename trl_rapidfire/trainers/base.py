@@ -104,7 +104,9 @@ class RFTrainerMixin:
         tracker = None
         if _tracks_to_mlflow(args):
             from ..tracking import Tracker
+            from ..tracking_tags import check_uri_across_machines, resolve_tracking_uri
 
+            check_uri_across_machines(resolve_tracking_uri(), current_worker().machines)
             tracker = Tracker(layout.output_dir)
             print(  # noqa: T201 - the user needs this to open the dashboard
                 f"trl-rapidfire: tracking to {tracker.uri} (experiment "

@@ -1,0 +1,158 @@
+"""One experiment over two machines: ``accelerate launch --num_machines 2`` on one host, the
+second machine's launcher in a UTS namespace of its own (``unshare --uts``, another hostname),
+both sharing one ``output_dir`` as a cluster's shared filesystem would.
+
+The experiment is ``tests/experiment_script.py`` (4 LoRA configs x 3 chunks); every process
+uses one thread, and the reference is the same script run once by one process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trl_rapidfire.schedule import read_schedule_csv
+from trl_rapidfire.testing import tiny_model_path
+from trl_rapidfire.tracking_tags import check_uri_across_machines
+
+SCRIPT = Path(__file__).with_name("experiment_script.py")
+RUNS = [f"run-{i}" for i in range(4)]
+CHUNKS = 3
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}", **extra)
+    env.pop("TRL_RAPIDFIRE_WORKER", None)
+    return env
+
+
+def _can_unshare() -> bool:
+    try:
+        return subprocess.run(["unshare", "--uts", "--fork", "true"], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _machine(rank: int, port: int, out: Path, env: dict[str, str], cwd: Path,
+             processes: int = 2) -> subprocess.Popen:
+    """Machine ``rank``'s ``accelerate launch`` (``processes`` workers), as node<rank>."""
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+              "--num_processes", str(2 * processes), "--num_machines", "2",
+              "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
+              "--main_process_port", str(port), "--mixed_precision", "no",
+              "--dynamo_backend", "no", str(SCRIPT), str(out)]
+    cmd = ["unshare", "--uts", "--fork", "sh", "-c", f'hostname node{rank} && exec "$@"', "sh",
+           *launch]
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _both(tmp: Path, out: Path, env: dict[str, str], timeout: float = 900) -> list:
+    port = _free_port()
+    procs = [_machine(rank, port, out, env, tmp) for rank in (0, 1)]
+    results = []
+    for proc in procs:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                os.killpg(p.pid, 9)
+            raise
+        results.append((proc.returncode, stdout, stderr))
+    return results
+
+
+def test_the_launch_identity_comes_from_the_rendezvous_store(monkeypatch):
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from trl_rapidfire.workers import _launch_identity, _machines
+
+    port = _free_port()
+    # What torchrun's agent on machine 0 hosts, and what it tells every worker.
+    server = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    first = _launch_identity(0)
+    assert _launch_identity(3) == first  # another worker, on any machine, reads the same
+    assert first.startswith(f"127.0.0.1:{port}:")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # the worker group restarted
+    again = _launch_identity(0)
+    assert again != first and _launch_identity(1) == again
+    del server
+    # Without a rendezvous store: the launcher's pid on this host (one machine only).
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE")
+    assert _launch_identity(1) == f"{socket.gethostname()}:{os.getppid()}:" + os.environ.get(
+        "TORCHELASTIC_RUN_ID", "")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    assert _machines(8) == 2
+    monkeypatch.delenv("GROUP_WORLD_SIZE")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert _machines(8) == 2 and _machines(4) == 1
+
+
+def test_a_sqlite_store_is_refused_across_machines_and_a_server_is_not():
+    check_uri_across_machines("sqlite:///x/mlflow.db", 1)  # one machine: fine
+    check_uri_across_machines("http://127.0.0.1:5000", 2)
+    for uri in ("sqlite:////shared/mlflow.db", "file:///shared/mlruns", "/shared/mlruns"):
+        with pytest.raises(ValueError, match="MLFLOW_TRACKING_URI=http://") as err:
+            check_uri_across_machines(uri, 2)
+        assert "2 machines" in str(err.value) and uri in str(err.value)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_unshare(), reason="needs `unshare --uts` (root, or user "
+                    "namespaces) to give the second machine its own hostname")
+def test_two_machines_share_one_experiment_bitwise(tmp_path):
+    tiny_model_path()  # built once, before processes race to build it
+    reference = tmp_path / "reference"
+    subprocess.run([sys.executable, str(SCRIPT), str(reference)], env=_env(tmp_path),
+                   cwd=tmp_path, check=True, capture_output=True, timeout=600)
+    out = tmp_path / "exp"
+    results = _both(tmp_path, out, _env(tmp_path))
+    for code, stdout, stderr in results:
+        assert code == 0, stdout[-2000:] + stderr[-5000:]
+    rows = read_schedule_csv(out / "schedule.csv")
+    counts = Counter((r.run, r.number) for r in rows)
+    assert set(counts) == {(run, n) for run in RUNS for n in range(CHUNKS)}
+    assert all(c == 1 for c in counts.values()), counts
+    workers = {r.worker for r in rows}
+    assert workers & {0, 1} and workers & {2, 3}, f"both machines must train: {workers}"
+    for run in RUNS:
+        a = load_file(reference / "runs" / run / "final" / "adapter_model.safetensors")
+        b = load_file(out / "runs" / run / "final" / "adapter_model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), run
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_unshare(), reason="needs `unshare --uts` (root, or user "
+                    "namespaces) to give the second machine its own hostname")
+def test_two_machines_with_a_sqlite_store_stop_before_training(tmp_path):
+    tiny_model_path()
+    out = tmp_path / "exp"
+    results = _both(tmp_path, out, _env(tmp_path, RF_TEST_REPORT_TO="mlflow"), timeout=600)
+    for code, stdout, stderr in results:
+        assert code != 0
+    assert any("is not safe" in stderr and "MLFLOW_TRACKING_URI" in stderr
+               for _, _, stderr in results)
+    assert not (out / "schedule.csv").exists() or not read_schedule_csv(out / "schedule.csv")
