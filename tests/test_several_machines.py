@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launched import launch_env
 from safetensors.torch import load_file
 
 from trl_rapidfire.schedule import read_schedule_csv
@@ -29,11 +30,7 @@ CHUNKS = 3
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}", **extra)
-    env.pop("TRL_RAPIDFIRE_WORKER", None)
-    return env
+    return launch_env(tmp, **extra)
 
 
 def _can_unshare() -> bool:
@@ -151,8 +148,7 @@ def test_two_machines_with_a_sqlite_store_stop_before_training(tmp_path):
     tiny_model_path()
     out = tmp_path / "exp"
     results = _both(tmp_path, out, _env(tmp_path, RF_TEST_REPORT_TO="mlflow"), timeout=600)
-    for code, stdout, stderr in results:
-        assert code != 0
+    assert all(code != 0 for code, _, _ in results)
     assert any("is not safe" in stderr and "MLFLOW_TRACKING_URI" in stderr
                for _, _, stderr in results)
     assert not (out / "schedule.csv").exists() or not read_schedule_csv(out / "schedule.csv")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launched import launch_env
 from safetensors.torch import load_file
 
 from trl_rapidfire.schedule import read_schedule_csv
@@ -36,11 +37,7 @@ ACCELERATE = [
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}", **extra)
-    env.pop("TRL_RAPIDFIRE_WORKER", None)
-    return env
+    return launch_env(tmp, **extra)
 
 
 def _run(cmd: list[str], env: dict[str, str], cwd: Path, *, expect_kill: bool = False,
