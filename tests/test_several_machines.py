@@ -9,9 +9,11 @@ uses one thread, and the reference is the same script run once by one process.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -76,6 +78,42 @@ def _both(tmp: Path, out: Path, env: dict[str, str], timeout: float = 900) -> li
     return results
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (torchrun starts each worker in a session of its
+    own, so a process group does not reach them)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        todo.extend(int(c) for c in children)
+    return out
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    for pid in _tree(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_the_lease_comes_from_the_environment(monkeypatch):
+    from trl_rapidfire.workers import LEASE_VARIABLE, lease_seconds
+
+    monkeypatch.delenv(LEASE_VARIABLE, raising=False)
+    assert lease_seconds() == 120.0
+    monkeypatch.setenv(LEASE_VARIABLE, "15")
+    assert lease_seconds() == 15.0
+    for bad in ("soon", "1", "-5", "inf", "nan"):
+        monkeypatch.setenv(LEASE_VARIABLE, bad)
+        with pytest.raises(ValueError, match=LEASE_VARIABLE):
+            lease_seconds()
+
+
 def test_the_launch_identity_comes_from_the_rendezvous_store(monkeypatch):
     from datetime import timedelta
 
@@ -106,6 +144,40 @@ def test_the_launch_identity_comes_from_the_rendezvous_store(monkeypatch):
     monkeypatch.delenv("GROUP_WORLD_SIZE")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert _machines(8) == 2 and _machines(4) == 1
+
+
+def test_a_folder_that_cannot_lock_stops_the_experiment_before_anything_trains(
+        tmp_path, monkeypatch):
+    # NFS without lock support answers flock with ENOLCK. No such mount can be made here, so
+    # flock answers as it would there; everything else is real.
+    import errno
+    import fcntl
+
+    import trl_rapidfire.flock as flock_module
+    from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
+    from trl_rapidfire.flock import LockUnsupported
+    from trl_rapidfire.testing import cpu_training_kwargs, make_sft_dataset, tiny_lora_config
+
+    real_flock = fcntl.flock
+
+    def no_locks(fd, operation):
+        if operation & fcntl.LOCK_EX:
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+        return real_flock(fd, operation)
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(flock_module.fcntl, "flock", no_locks, raising=True)
+    out = tmp_path / "exp"
+    trainer = RFSFTTrainer(
+        model=tiny_model_path(),
+        args=RFSFTConfig(output_dir=str(out), learning_rate=List([1e-3, 3e-3]), num_chunks=2,
+                         per_device_train_batch_size=4, **cpu_training_kwargs()),
+        train_dataset=make_sft_dataset(16), peft_config=tiny_lora_config(r=4))
+    with pytest.raises(LockUnsupported, match="cannot lock files") as err:
+        trainer.train()
+    assert "NFSv4" in str(err.value) and str(out) in str(err.value)
+    assert not (out / "runs").exists() or not any((out / "runs").glob("*/final"))
+    assert not (out / "schedule.csv").exists()
 
 
 def test_a_sqlite_store_is_refused_across_machines_and_a_server_is_not():
@@ -152,3 +224,53 @@ def test_two_machines_with_a_sqlite_store_stop_before_training(tmp_path):
     assert any("is not safe" in stderr and "MLFLOW_TRACKING_URI" in stderr
                for _, _, stderr in results)
     assert not (out / "schedule.csv").exists() or not read_schedule_csv(out / "schedule.csv")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_unshare(), reason="needs `unshare --uts` (root, or user "
+                    "namespaces) to give the second machine its own hostname")
+def test_a_machine_killed_mid_experiment_leaves_the_other_to_finish_bitwise(tmp_path):
+    tiny_model_path()
+    rows = "240"  # 20 steps a chunk: the kill lands while chunks are in flight
+    reference = tmp_path / "reference"
+    subprocess.run([sys.executable, str(SCRIPT), str(reference)],
+                   env=_env(tmp_path, RF_TEST_ROWS=rows), cwd=tmp_path, check=True,
+                   capture_output=True, timeout=600)
+    out = tmp_path / "exp"
+    env = _env(tmp_path, RF_TEST_ROWS=rows, TRL_RAPIDFIRE_LEASE_SECONDS="8")
+    port = _free_port()
+    machines = [_machine(rank, port, out, env, tmp_path) for rank in (0, 1)]
+    finals = [out / "runs" / run / "final" / "adapter_model.safetensors" for run in RUNS]
+    try:
+        # Machine 1 dies (every process of it, at once) once it has trained a chunk.
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            done = read_schedule_csv(out / "schedule.csv") if (out / "schedule.csv").exists() \
+                else []
+            if any(r.worker in (2, 3) for r in done):
+                break
+            assert machines[1].poll() is None, machines[1].communicate()[1][-3000:]
+            time.sleep(0.2)
+        _kill_tree(machines[1])
+        killed_at = len(read_schedule_csv(out / "schedule.csv"))
+        assert killed_at < len(RUNS) * CHUNKS, "machine 1 died too late to matter"
+        # Machine 0's workers finish every run (its launcher may wait for the lost machine at
+        # exit, as torchrun does: the finished runs are what counts).
+        while time.time() < deadline and not all(f.exists() for f in finals):
+            assert machines[0].poll() in (None, 0), machines[0].communicate()[1][-3000:]
+            time.sleep(0.5)
+        assert all(f.exists() for f in finals), "machine 0 did not finish every run"
+    finally:
+        for proc in machines:
+            _kill_tree(proc)
+            proc.communicate()
+    rows_done = read_schedule_csv(out / "schedule.csv")
+    counts = Counter((r.run, r.number) for r in rows_done)
+    assert set(counts) == {(run, n) for run in RUNS for n in range(CHUNKS)}
+    assert all(c == 1 for c in counts.values()), counts  # a lost chunk is recorded once
+    after = rows_done[killed_at:]
+    assert after and all(r.worker in (0, 1) for r in after)
+    for run in RUNS:
+        a = load_file(reference / "runs" / run / "final" / "adapter_model.safetensors")
+        b = load_file(out / "runs" / run / "final" / "adapter_model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), run

@@ -8,13 +8,23 @@ lock object per path and process (as ``FileLock(is_singleton=True)``), re-entran
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import threading
 import weakref
 from pathlib import Path
 
-__all__ = ["Flock", "flock_for"]
+__all__ = ["Flock", "LockUnsupported", "flock_for"]
+
+# What flock says on a filesystem that cannot lock (NFS mounted without lock support, some
+# FUSE and Lustre mounts).
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
+class LockUnsupported(OSError):
+    """The filesystem of the experiment's folder cannot ``flock``: its workers' shared state
+    (claims, records) would not be protected, so nothing trains."""
 
 # Weak: a lock (and every thread's descriptor of it) goes with the last store using it.
 _LOCKS: weakref.WeakValueDictionary[str, Flock] = weakref.WeakValueDictionary()
@@ -56,7 +66,18 @@ class Flock:
             if held is None:
                 held = self._local.held = _Descriptor(
                     os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
-            fcntl.flock(held.fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(held.fd, fcntl.LOCK_EX)
+            except OSError as err:
+                if err.errno not in _NO_LOCKS:
+                    raise
+                held = self._local.held = None
+                raise LockUnsupported(
+                    err.errno, f"{self.path}: this filesystem cannot lock files "
+                    f"({os.strerror(err.errno)}), and the workers' shared state needs a lock "
+                    "that every process (and machine) sees. Put output_dir on a filesystem "
+                    "that supports flock: a local disk for one machine; NFSv4, or Lustre "
+                    "mounted with -o flock, for several.") from err
             try:
                 now = os.stat(self.path)
             except FileNotFoundError:

@@ -27,7 +27,7 @@ from typing import Any
 
 from .atomic_folders import fsync_dir
 from .faults import ExperimentFault, disk_fault, fault_message
-from .flock import flock_for
+from .flock import LockUnsupported, flock_for
 from .state_changes import Marks, apply_line, parse_lines, watch_runs
 from .store import ExperimentState, StoreError
 
@@ -356,6 +356,8 @@ class FileStore:
             with self._locked():
                 yield
             return
+        except LockUnsupported:  # not a fault a re-run fixes: its own message says what does
+            raise
         except OSError as err:  # the folder became read-only or full: say which, once
             raise ExperimentFault(fault_message("the shared state's lock", self._lock_path,
                                                 disk_fault(err, ours=True) or str(err))) from err

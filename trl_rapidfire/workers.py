@@ -25,8 +25,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 __all__ = [
+    "LEASE_VARIABLE",
     "WorkerInfo",
     "current_worker",
+    "lease_seconds",
     "detach_from_launch",
     "in_launch_world",
     "launcher_gone",
@@ -34,6 +36,11 @@ __all__ = [
 ]
 
 _RECORD = "TRL_RAPIDFIRE_WORKER"
+# How long a worker's claim on a chunk lives without renewal: how soon the runs of a worker on
+# another machine that died go back into the rotation (on the same machine a dead worker's
+# pid tells at once).
+LEASE_VARIABLE = "TRL_RAPIDFIRE_LEASE_SECONDS"
+DEFAULT_LEASE_SECONDS = 120.0
 _PARENT_RECORD = "TRL_RAPIDFIRE_LAUNCHER"  # "<this pid>:<the launcher's pid>"
 
 
@@ -194,3 +201,21 @@ def process_alive(worker_id: str) -> bool | None:
     except PermissionError:
         return True
     return True
+
+
+def lease_seconds() -> float:
+    """The claims' lease: ``TRL_RAPIDFIRE_LEASE_SECONDS`` if set (every machine of a launch
+    should set the same), else 120 s. A worker renews its claim every quarter of it while it
+    trains. Raises ``ValueError`` naming the variable for a value that is not a number of
+    seconds of at least 2."""
+    text = os.environ.get(LEASE_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_LEASE_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 2.0 or value == float("inf"):
+        raise ValueError(f"{LEASE_VARIABLE}={text!r}: give the claims' lease in seconds, a "
+                         f"number of at least 2 (default {DEFAULT_LEASE_SECONDS:g}).")
+    return value

@@ -36,7 +36,7 @@ from ..schedule import ChunkRecord
 from ..search import GridSearch, RunSpec, Search
 from ..state_file import FileStore
 from ..store import StoreError
-from ..workers import current_worker
+from ..workers import current_worker, lease_seconds
 from .run_builder import CHUNK, RunBuilder
 from .run_trainer import copy_callbacks
 from .subclassing import (
@@ -100,6 +100,10 @@ class RFTrainerMixin:
                              args=args, shared=shared_args, knob_args=knob_args,
                              pool=self._rf_pool, owner=self, single=len(specs) == 1)
         _check_specs(specs, shared_args, builder)
+        try:
+            lease = lease_seconds()
+        except ValueError as err:
+            raise RFConfigError(str(err)) from None
         store = _open_store(layout, experiment_fingerprint(specs, shared_args))
         tracker = None
         if _tracks_to_mlflow(args):
@@ -114,6 +118,7 @@ class RFTrainerMixin:
             )
         cache = StateCache(getattr(args, "cache_budget_bytes", 4 * 2**30), layout.cache)
         self._rf_engine = Engine(layout.output_dir, cache, progress=not args.disable_tqdm,
+                                 lease_seconds=lease,
                                  pool=self._rf_pool, store=store, runs=builder, policy=policy,
                                  tracker=tracker)
         self._rf_best: str | None = None
