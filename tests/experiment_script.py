@@ -10,7 +10,8 @@
 ``RF_TEST_KILL=<run>:<step>[:peer]`` kills the whole experiment (its process group, like a
 ``kill -9`` of the launcher) when that run (or ``any``) begins that optimizer step: mid-chunk,
 never at a boundary; with ``peer``, only once another worker has claimed a chunk.
-``RF_TEST_ROWS`` sets the dataset size (longer chunks for timing).
+``RF_TEST_ROWS`` sets the dataset size (longer chunks for timing); ``RF_TEST_EPOCHS`` the
+epochs (default 1); ``RF_TEST_RANKS=4,8`` makes the LoRA rank a knob too (8 configs).
 ``RF_TEST_STOP=<run>`` stops that run from the script before training.
 """
 
@@ -73,7 +74,7 @@ def main(output_dir: str) -> None:
         lr_scheduler_type=List(["linear", "cosine"]),
         warmup_steps=2,
         per_device_train_batch_size=4,
-        num_train_epochs=1,
+        num_train_epochs=int(os.environ.get("RF_TEST_EPOCHS", "1")),
         num_chunks=3,
         logging_steps=1,
         seed=7,
@@ -88,7 +89,8 @@ def main(output_dir: str) -> None:
         model=tiny_model_path(),
         args=config,
         train_dataset=make_sft_dataset(rows, seed=3),
-        peft_config=tiny_lora_config(r=8, lora_dropout=0.1),
+        peft_config=List([tiny_lora_config(r=int(r), lora_dropout=0.1)
+                          for r in os.environ.get("RF_TEST_RANKS", "8").split(",")]),
         callbacks=callbacks,
     )
     stop = os.environ.get("RF_TEST_STOP")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from launched import launch_env
+from launched import launch_env, loss_history
+from mlflow_server import mlflow_server
 from safetensors.torch import load_file
 
 from trl_rapidfire.schedule import read_schedule_csv
@@ -50,22 +51,24 @@ def _free_port() -> int:
 
 
 def _machine(rank: int, port: int, out: Path, env: dict[str, str], cwd: Path,
-             processes: int = 2) -> subprocess.Popen:
-    """Machine ``rank``'s ``accelerate launch`` (``processes`` workers), as node<rank>."""
+             processes: int = 2, script: tuple[str, ...] | None = None) -> subprocess.Popen:
+    """Machine ``rank``'s ``accelerate launch`` (``processes`` workers) of ``script`` (the
+    experiment script on ``out`` by default), as node<rank>."""
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
               "--num_processes", str(2 * processes), "--num_machines", "2",
               "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
               "--main_process_port", str(port), "--mixed_precision", "no",
-              "--dynamo_backend", "no", str(SCRIPT), str(out)]
+              "--dynamo_backend", "no", *(script or (str(SCRIPT), str(out)))]
     cmd = ["unshare", "--uts", "--fork", "sh", "-c", f'hostname node{rank} && exec "$@"', "sh",
            *launch]
     return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _both(tmp: Path, out: Path, env: dict[str, str], timeout: float = 900) -> list:
+def _both(tmp: Path, out: Path, env: dict[str, str], timeout: float = 900,
+          **machine: object) -> list:
     port = _free_port()
-    procs = [_machine(rank, port, out, env, tmp) for rank in (0, 1)]
+    procs = [_machine(rank, port, out, env, tmp, **machine) for rank in (0, 1)]
     results = []
     for proc in procs:
         try:
@@ -193,21 +196,30 @@ def test_a_sqlite_store_is_refused_across_machines_and_a_server_is_not():
 @pytest.mark.skipif(not _can_unshare(), reason="needs `unshare --uts` (root, or user "
                     "namespaces) to give the second machine its own hostname")
 def test_two_machines_share_one_experiment_bitwise(tmp_path):
+    # 8 LoRA configs (2 learning rates x 2 schedules x 2 ranks) x 3 chunks x 2 epochs, tracked
+    # through a real tracking server, as a cluster would run it.
     tiny_model_path()  # built once, before processes race to build it
-    reference = tmp_path / "reference"
-    subprocess.run([sys.executable, str(SCRIPT), str(reference)], env=_env(tmp_path),
-                   cwd=tmp_path, check=True, capture_output=True, timeout=600)
-    out = tmp_path / "exp"
-    results = _both(tmp_path, out, _env(tmp_path))
-    for code, stdout, stderr in results:
-        assert code == 0, stdout[-2000:] + stderr[-5000:]
+    runs = [f"run-{i}" for i in range(8)]
+    out, reference = tmp_path / "exp", tmp_path / "reference"
+    with mlflow_server(tmp_path / "server.db") as url:
+        extra = dict(RF_TEST_RANKS="4,8", RF_TEST_EPOCHS="2", RF_TEST_REPORT_TO="mlflow",
+                     MLFLOW_TRACKING_URI=url)
+        subprocess.run([sys.executable, str(SCRIPT), str(reference)],
+                       env=_env(tmp_path, **extra), cwd=tmp_path, check=True,
+                       capture_output=True, timeout=600)
+        results = _both(tmp_path, out, _env(tmp_path, **extra))
+        for code, stdout, stderr in results:
+            assert code == 0, stdout[-2000:] + stderr[-5000:]
+        # One point per step for every run, the values the single process logged.
+        assert _loss_points(url, "exp") == _loss_points(url, "reference")
     rows = read_schedule_csv(out / "schedule.csv")
-    counts = Counter((r.run, r.number) for r in rows)
-    assert set(counts) == {(run, n) for run in RUNS for n in range(CHUNKS)}
+    counts = Counter((r.run, r.epoch, r.number) for r in rows)
+    assert {(run, n) for run, _, n in counts} == {(run, n) for run in runs
+                                                  for n in range(2 * CHUNKS)}
     assert all(c == 1 for c in counts.values()), counts
     workers = {r.worker for r in rows}
     assert workers & {0, 1} and workers & {2, 3}, f"both machines must train: {workers}"
-    for run in RUNS:
+    for run in runs:
         a = load_file(reference / "runs" / run / "final" / "adapter_model.safetensors")
         b = load_file(out / "runs" / run / "final" / "adapter_model.safetensors")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), run
@@ -274,3 +286,91 @@ def test_a_machine_killed_mid_experiment_leaves_the_other_to_finish_bitwise(tmp_
         a = load_file(reference / "runs" / run / "final" / "adapter_model.safetensors")
         b = load_file(out / "runs" / run / "final" / "adapter_model.safetensors")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), run
+
+
+def _loss_points(url: str, exp: str) -> dict[str, list[tuple[int, float]]]:
+    return loss_history(url, exp)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_unshare(), reason="needs `unshare --uts` (root, or user "
+                    "namespaces) to give the second machine its own hostname")
+def test_both_machines_killed_then_rerun_continue_bitwise_through_a_tracking_server(tmp_path):
+    tiny_model_path()
+    rows = "240"
+    out, reference = tmp_path / "exp", tmp_path / "reference"
+    with mlflow_server(tmp_path / "server.db") as url:
+        # The reference, one process, tracked to the same server under its own experiment.
+        subprocess.run([sys.executable, str(SCRIPT), str(reference)],
+                       env=_env(tmp_path, RF_TEST_ROWS=rows, RF_TEST_REPORT_TO="mlflow",
+                                MLFLOW_TRACKING_URI=url),
+                       cwd=tmp_path, check=True, capture_output=True, timeout=600)
+        env = _env(tmp_path, RF_TEST_ROWS=rows, RF_TEST_REPORT_TO="mlflow",
+                   MLFLOW_TRACKING_URI=url, TRL_RAPIDFIRE_LEASE_SECONDS="8")
+        port = _free_port()
+        machines = [_machine(rank, port, out, env, tmp_path) for rank in (0, 1)]
+        try:
+            deadline = time.time() + 600
+            while time.time() < deadline:  # both machines have recorded chunks
+                done = read_schedule_csv(out / "schedule.csv") \
+                    if (out / "schedule.csv").exists() else []
+                if {r.worker // 2 for r in done} == {0, 1}:
+                    break
+                assert all(m.poll() is None for m in machines), "a machine ended early"
+                time.sleep(0.2)
+        finally:
+            for proc in machines:  # kill -9 of every process of both machines
+                _kill_tree(proc)
+            for proc in machines:
+                proc.communicate()
+        before = read_schedule_csv(out / "schedule.csv")
+        assert 0 < len(before) < len(RUNS) * CHUNKS, "the kill must land mid-experiment"
+        # The same two commands again.
+        for code, stdout, stderr in _both(tmp_path, out, env):
+            assert code == 0, stdout[-2000:] + stderr[-5000:]
+        after = read_schedule_csv(out / "schedule.csv")
+        assert after[:len(before)] == before  # what was recorded stays, and is not redone
+        counts = Counter((r.run, r.number) for r in after)
+        assert set(counts) == {(run, n) for run in RUNS for n in range(CHUNKS)}
+        assert all(c == 1 for c in counts.values()), counts
+        for run in RUNS:
+            a = load_file(reference / "runs" / run / "final" / "adapter_model.safetensors")
+            b = load_file(out / "runs" / run / "final" / "adapter_model.safetensors")
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), run
+        # One point per step for every run, the values the uninterrupted run logged.
+        assert _loss_points(url, "exp") == _loss_points(url, "reference")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_unshare(), reason="needs `unshare --uts` (root, or user "
+                    "namespaces) to give the second machine its own hostname")
+def test_an_fsdp_gang_spans_both_machines_bitwise(tmp_path):
+    # One worker on each machine: the gang of the launch is both of them (FSDP2 over gloo on
+    # loopback), its single-device runs one worker each; against plain TRL, the gang config
+    # under a one-machine launch of two processes, the others alone.
+    gang = Path(__file__).with_name("gang_script.py")
+    tiny_model_path()
+    ref = tmp_path / "references"
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+              "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+              "--dynamo_backend", "no"]
+    configs = {"run-0": ("gang-1e-3", "0.001", "1"), "run-1": ("single-1e-3", "0.001", "0"),
+               "run-2": ("gang-3e-3", "0.003", "1"), "run-3": ("single-3e-3", "0.003", "0")}
+    for folder, lr, fsdp in configs.values():
+        prefix = launch if fsdp == "1" else [sys.executable]
+        proc = subprocess.run([*prefix, str(gang), "plain", str(ref / folder), lr, fsdp],
+                              env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+                              timeout=600, start_new_session=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "exp"
+    results = _both(tmp_path, out, _env(tmp_path), processes=1,
+                    script=(str(gang), "rf", str(out)))
+    for code, stdout, stderr in results:
+        assert code == 0, stdout[-2000:] + stderr[-5000:]
+    assert any("weights of run-0: ['DTensor']" in stdout for _, stdout, _ in results)
+    rows = read_schedule_csv(out / "schedule.csv")
+    assert Counter(r.run for r in rows) == {run: 3 for run in configs}
+    for run, (folder, _, _) in configs.items():
+        got = load_file(out / "runs" / run / "final" / "adapter_model.safetensors")
+        want = load_file(ref / folder / "final" / "adapter_model.safetensors")
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), run

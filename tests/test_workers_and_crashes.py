@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launched import launch_env
+from launched import launch_env, loss_history
 from safetensors.torch import load_file
 
 from trl_rapidfire.schedule import read_schedule_csv
@@ -84,17 +84,7 @@ def _assert_each_chunk_once(out: Path) -> list:
 
 
 def _loss_history(tmp: Path, exp: str) -> dict[str, list[tuple[int, float]]]:
-    from mlflow import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name(exp)
-    out = {}
-    for run in client.search_runs([experiment.experiment_id]):
-        name = run.data.tags.get("rapidfire.run")
-        if name:
-            history = client.get_metric_history(run.info.run_id, "loss")
-            out[name] = sorted((m.step, m.value) for m in history)
-    return out
+    return loss_history(f"sqlite:///{tmp / 'mlflow.db'}", exp)
 
 
 def test_two_workers_under_accelerate_launch_equal_one_process_bitwise(reference, tmp_path):

@@ -206,19 +206,23 @@ class Tracker:
         """
         from mlflow.entities import Param
 
+        # All of it under the setup lock: the workers of a launch set up the same runs at the
+        # same time, and a tracking server refuses a param logged twice (a sqlite store
+        # opened directly let the second, equal value pass).
         with self._setup_lock:
             run_id = self._find_or_create(name, role="run", tags=tags)
-        run = self.client.get_run(run_id)
-        have = run.data.params
-        new = [Param(k[:250], _param_value(v)) for k, v in params.items() if k[:250] not in have]
-        for i in range(0, len(new), 100):
-            self.client.log_batch(run_id, params=new[i:i + 100])
+            run = self.client.get_run(run_id)
+            have = run.data.params
+            new = [Param(k[:250], _param_value(v)) for k, v in params.items()
+                   if k[:250] not in have]
+            for i in range(0, len(new), 100):
+                self.client.log_batch(run_id, params=new[i:i + 100])
+            # A found run's status is the engine's to change: a re-build of the same trainer
+            # (or a slow worker of a launch) must not turn a completed run back to pending.
+            if STATUS_TAG not in run.data.tags:
+                self.client.set_tag(run_id, STATUS_TAG, tags.get(STATUS_TAG, "pending"))
         steps = {key: {m.step for m in self.client.get_metric_history(run_id, key)}
                  for key in run.data.metrics}
-        # A found run's status is the engine's to change: a re-build of the same trainer (or
-        # a slow worker of a launch) must not turn a completed run back to pending.
-        if STATUS_TAG not in run.data.tags:
-            self.client.set_tag(run_id, STATUS_TAG, tags.get(STATUS_TAG, "pending"))
         with self._lock:
             self._runs[name] = _RunHandle(run_id, steps)
         return run_id
