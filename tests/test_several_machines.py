@@ -96,6 +96,20 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
+def _machine_1_training(out: Path) -> bool:
+    """Whether a worker of machine 1 (host node1) holds a claim in the shared state now."""
+    from trl_rapidfire.state_file import FileStore
+
+    if not (out / ".rapidfire").is_dir():
+        return False
+    try:
+        state = FileStore(out / ".rapidfire", "", create=False).peek()
+    except Exception:  # noqa: BLE001 - being written: look again
+        return False
+    return state is not None and any(c.worker.startswith("node1:")
+                                     for c in state.claims.values())
+
+
 def _kill_tree(proc: subprocess.Popen) -> None:
     for pid in _tree(proc.pid):
         try:
@@ -243,7 +257,7 @@ def test_two_machines_with_a_sqlite_store_stop_before_training(tmp_path):
                     "namespaces) to give the second machine its own hostname")
 def test_a_machine_killed_mid_experiment_leaves_the_other_to_finish_bitwise(tmp_path):
     tiny_model_path()
-    rows = "240"  # 20 steps a chunk: the kill lands while chunks are in flight
+    rows = "480"  # 40 steps a chunk: the kill lands while chunks are in flight
     reference = tmp_path / "reference"
     subprocess.run([sys.executable, str(SCRIPT), str(reference)],
                    env=_env(tmp_path, RF_TEST_ROWS=rows), cwd=tmp_path, check=True,
@@ -254,15 +268,11 @@ def test_a_machine_killed_mid_experiment_leaves_the_other_to_finish_bitwise(tmp_
     machines = [_machine(rank, port, out, env, tmp_path) for rank in (0, 1)]
     finals = [out / "runs" / run / "final" / "adapter_model.safetensors" for run in RUNS]
     try:
-        # Machine 1 dies (every process of it, at once) once it has trained a chunk.
+        # Machine 1 dies (every process of it, at once) while it trains a chunk.
         deadline = time.time() + 600
-        while time.time() < deadline:
-            done = read_schedule_csv(out / "schedule.csv") if (out / "schedule.csv").exists() \
-                else []
-            if any(r.worker in (2, 3) for r in done):
-                break
+        while time.time() < deadline and not _machine_1_training(out):
             assert machines[1].poll() is None, machines[1].communicate()[1][-3000:]
-            time.sleep(0.2)
+            time.sleep(0.1)
         _kill_tree(machines[1])
         killed_at = len(read_schedule_csv(out / "schedule.csv"))
         assert killed_at < len(RUNS) * CHUNKS, "machine 1 died too late to matter"
@@ -297,7 +307,7 @@ def _loss_points(url: str, exp: str) -> dict[str, list[tuple[int, float]]]:
                     "namespaces) to give the second machine its own hostname")
 def test_both_machines_killed_then_rerun_continue_bitwise_through_a_tracking_server(tmp_path):
     tiny_model_path()
-    rows = "240"
+    rows = "480"
     out, reference = tmp_path / "exp", tmp_path / "reference"
     with mlflow_server(tmp_path / "server.db") as url:
         # The reference, one process, tracked to the same server under its own experiment.
@@ -311,13 +321,13 @@ def test_both_machines_killed_then_rerun_continue_bitwise_through_a_tracking_ser
         machines = [_machine(rank, port, out, env, tmp_path) for rank in (0, 1)]
         try:
             deadline = time.time() + 600
-            while time.time() < deadline:  # both machines have recorded chunks
+            while time.time() < deadline:  # a few chunks recorded, others in flight
                 done = read_schedule_csv(out / "schedule.csv") \
                     if (out / "schedule.csv").exists() else []
-                if {r.worker // 2 for r in done} == {0, 1}:
+                if len(done) >= 2:
                     break
                 assert all(m.poll() is None for m in machines), "a machine ended early"
-                time.sleep(0.2)
+                time.sleep(0.1)
         finally:
             for proc in machines:  # kill -9 of every process of both machines
                 _kill_tree(proc)
