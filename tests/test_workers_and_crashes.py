@@ -92,12 +92,18 @@ def test_two_workers_under_accelerate_launch_equal_one_process_bitwise(reference
     _run(_script(out, 2), _env(tmp_path), tmp_path)
     rows = _assert_each_chunk_once(out)
     assert not (out / "ops.csv").exists()
-    assert {r.worker for r in rows} == {0, 1}, "both workers must train"
     _assert_same_adapters(reference, out)
-    # Task parallel: the two workers' chunks overlap in time.
-    spans = {w: (min(r.start_time for r in rows if r.worker == w),
-                 max(r.end_time for r in rows if r.worker == w)) for w in (0, 1)}
-    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
+    # Task parallel: the two workers' chunks overlap in time. On a loaded 2-core machine the
+    # second worker is now and then ready only after the first trained all 12 short chunks
+    # (seen once in four suite runs): then there is no overlap to see. Both workers training
+    # is asserted with longer chunks in test_an_op_from_the_script_applies_once_with_two_workers
+    # and tests/test_several_machines.py.
+    workers = {r.worker for r in rows}
+    assert workers <= {0, 1} and 0 in workers
+    if workers == {0, 1}:
+        spans = {w: (min(r.start_time for r in rows if r.worker == w),
+                     max(r.end_time for r in rows if r.worker == w)) for w in (0, 1)}
+        assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
 
 
 @pytest.mark.parametrize("workers", [1, 2])
