@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from launched import launch_env, loss_history
-from mlflow_server import mlflow_server
+from mlflow_server import free_port, mlflow_server
 from safetensors.torch import load_file
 
 from trl_rapidfire.schedule import read_schedule_csv
@@ -44,12 +44,6 @@ def _can_unshare() -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _machine(rank: int, port: int, out: Path, env: dict[str, str], cwd: Path,
              processes: int = 2, script: tuple[str, ...] | None = None) -> subprocess.Popen:
     """Machine ``rank``'s ``accelerate launch`` (``processes`` workers) of ``script`` (the
@@ -67,7 +61,7 @@ def _machine(rank: int, port: int, out: Path, env: dict[str, str], cwd: Path,
 
 def _both(tmp: Path, out: Path, env: dict[str, str], timeout: float = 900,
           **machine: object) -> list:
-    port = _free_port()
+    port = free_port()
     procs = [_machine(rank, port, out, env, tmp, **machine) for rank in (0, 1)]
     results = []
     for proc in procs:
@@ -138,7 +132,7 @@ def test_the_launch_identity_comes_from_the_rendezvous_store(monkeypatch):
 
     from trl_rapidfire.workers import _launch_identity, _machines
 
-    port = _free_port()
+    port = free_port()
     # What torchrun's agent on machine 0 hosts, and what it tells every worker.
     server = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
@@ -225,7 +219,7 @@ def test_two_machines_share_one_experiment_bitwise(tmp_path):
         for code, stdout, stderr in results:
             assert code == 0, stdout[-2000:] + stderr[-5000:]
         # One point per step for every run, the values the single process logged.
-        assert _loss_points(url, "exp") == _loss_points(url, "reference")
+        assert loss_history(url, "exp") == loss_history(url, "reference")
     rows = read_schedule_csv(out / "schedule.csv")
     counts = Counter((r.run, r.epoch, r.number) for r in rows)
     assert {(run, n) for run, _, n in counts} == {(run, n) for run in runs
@@ -264,7 +258,7 @@ def test_a_machine_killed_mid_experiment_leaves_the_other_to_finish_bitwise(tmp_
                    capture_output=True, timeout=600)
     out = tmp_path / "exp"
     env = _env(tmp_path, RF_TEST_ROWS=rows, TRL_RAPIDFIRE_LEASE_SECONDS="8")
-    port = _free_port()
+    port = free_port()
     machines = [_machine(rank, port, out, env, tmp_path) for rank in (0, 1)]
     finals = [out / "runs" / run / "final" / "adapter_model.safetensors" for run in RUNS]
     try:
@@ -298,10 +292,6 @@ def test_a_machine_killed_mid_experiment_leaves_the_other_to_finish_bitwise(tmp_
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), run
 
 
-def _loss_points(url: str, exp: str) -> dict[str, list[tuple[int, float]]]:
-    return loss_history(url, exp)
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not _can_unshare(), reason="needs `unshare --uts` (root, or user "
                     "namespaces) to give the second machine its own hostname")
@@ -317,7 +307,7 @@ def test_both_machines_killed_then_rerun_continue_bitwise_through_a_tracking_ser
                        cwd=tmp_path, check=True, capture_output=True, timeout=600)
         env = _env(tmp_path, RF_TEST_ROWS=rows, RF_TEST_REPORT_TO="mlflow",
                    MLFLOW_TRACKING_URI=url, TRL_RAPIDFIRE_LEASE_SECONDS="8")
-        port = _free_port()
+        port = free_port()
         machines = [_machine(rank, port, out, env, tmp_path) for rank in (0, 1)]
         try:
             deadline = time.time() + 600
@@ -348,7 +338,7 @@ def test_both_machines_killed_then_rerun_continue_bitwise_through_a_tracking_ser
             b = load_file(out / "runs" / run / "final" / "adapter_model.safetensors")
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), run
         # One point per step for every run, the values the uninterrupted run logged.
-        assert _loss_points(url, "exp") == _loss_points(url, "reference")
+        assert loss_history(url, "exp") == loss_history(url, "reference")
 
 
 @pytest.mark.slow

@@ -64,7 +64,7 @@ class Residency:
     def on_host(self) -> bool:
         """Whether the run's live tensors are in host memory (a CPU run's): parking them would
         hand the state cache these very tensors."""
-        return self.resident and all(p.device.type == "cpu" for p in self.params[:1])
+        return self.resident and (not self.params or self.params[0].device.type == "cpu")
 
     def live_bytes(self, optimizer: Any) -> int:
         """Bytes of the run's resident parameter values and optimizer state (0 when parked)."""
