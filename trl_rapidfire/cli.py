@@ -180,20 +180,26 @@ def _untracked(args: argparse.Namespace) -> bool:
 
 def _status_of_folder(output_dir: str) -> int:
     from .display import table
-    from .experiment_data import read_ops
+    from .experiment_data import read_ops, read_search_log
     from .folder_control import Inbox, alive, folder_runs
     from .layout import Layout
 
     layout = Layout(output_dir)
     last = {event.run: event.result for event in read_ops(layout.ops_log)}
+    trials = {e.run: e.trial for e in read_search_log(layout.search_log) if e.trial}
     rows = [[r.name, r.status.value, r.global_step, r.chunks_done, last.get(r.name, "")]
             for r in folder_runs(output_dir)]
+    headers = ["run", "status", "steps", "chunks", "last op"]
+    if trials:  # an adaptive search: which trial of its study each run is
+        headers.insert(1, "trial")
+        for row in rows:
+            row.insert(1, trials.get(row[0], "-"))
     who = alive(layout)
     state = "training" if who is not None else "not training"
     where = f" (pid {who.pid} on {who.host})" if who is not None else ""
     waiting = Inbox(layout).waiting() if who else 0
     print(f"experiment in {output_dir} (not tracked in MLflow, {state}{where})")
-    print(table(["run", "status", "steps", "chunks", "last op"], rows))
+    print(table(headers, rows))
     if waiting:
         print(f"{waiting} op(s) waiting for the next chunk boundary")
     return 0
@@ -208,15 +214,24 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     exp = find_experiment(**_where(args))
     rows = []
-    for run in experiment_runs(exp):
+    runs = experiment_runs(exp)
+    # An adaptive search's runs: which trial each is, and when the sampler proposed it.
+    proposed = any("rapidfire.trial" in run.tags for run in runs)
+    for run in runs:
         tags, metrics = run.tags, run.metrics
         rows.append([tags.get("rapidfire.run"), tags.get("rapidfire.status", "-"),
                      tags.get("rapidfire.progress", "-"), format_value(metrics.get("loss")),
                      format_value(metrics.get("eval_loss")), tags.get("rapidfire.op", ""),
                      tags.get("rapidfire.op.result", "")])
+        if proposed:
+            when = tags.get("rapidfire.proposed_at", "")
+            rows[-1][2:2] = [tags.get("rapidfire.trial", "-"),
+                             when.replace("T", " ")[:19] if when else "-"]
     print(f"experiment {exp.describe()} in {exp.uri}")
-    print(table(["run", "status", "progress", "loss", "eval_loss", "pending op", "last op"],
-                rows))
+    headers = ["run", "status", "progress", "loss", "eval_loss", "pending op", "last op"]
+    if proposed:
+        headers[2:2] = ["trial", "proposed"]
+    print(table(headers, rows))
     return 0
 
 

@@ -119,6 +119,7 @@ class ExperimentData:
         ops: the op log (``ops.csv``), in the order handled.
         source: ``mlflow`` when MLflow held the runs' metrics, else ``disk``.
         source_detail: one sentence on where the metrics came from (and why not MLflow).
+        search: an adaptive search's log (``search.csv``): what it proposed and was told.
     """
 
     output_dir: Path
@@ -128,6 +129,7 @@ class ExperimentData:
     ops: list[OpEvent]
     source: str
     source_detail: str
+    search: list[SearchEvent] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -154,6 +156,35 @@ def read_ops(path: str | os.PathLike) -> list[OpEvent]:
                                    row["op"] or "", row["result"] or ""))
             except (KeyError, TypeError, ValueError):
                 continue  # a line cut short by a crash
+    return out
+
+
+@dataclass(frozen=True)
+class SearchEvent:
+    """One row of an adaptive search's log: ``proposed`` (``detail``: the sampler's params as
+    JSON), ``told`` (the trial's state and value) or ``not told`` (why)."""
+
+    time: float
+    event: str
+    run: str
+    trial: str
+    detail: str
+
+
+def read_search_log(path: str | os.PathLike) -> list[SearchEvent]:
+    """The search log at ``path`` (``<output_dir>/search.csv``), oldest first; rows cut
+    short by a crash are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    with open(path, encoding="utf-8", newline="") as fh:
+        for row in csv.DictReader(fh):
+            try:
+                out.append(SearchEvent(float(row["time"]), row["event"] or "", row["run"] or "",
+                                       row["trial"] or "", row["detail"] or ""))
+            except (KeyError, TypeError, ValueError):
+                continue
     return out
 
 
@@ -328,4 +359,5 @@ def load_experiment(
         source = "disk"
         detail = f"Trainer log histories on disk (trainer_state.json); {detail}"
     name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or root.resolve().name
-    return ExperimentData(root, name, runs, schedule, ops, source, detail)
+    return ExperimentData(root, name, runs, schedule, ops, source, detail,
+                          read_search_log(root / "search.csv"))

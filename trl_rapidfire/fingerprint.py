@@ -23,9 +23,11 @@ _NOT_FINGERPRINTED = frozenset({"output_dir", "logging_dir", "hub_token", "run_n
                                 "disable_tqdm", "dataloader_num_workers"})
 
 
-def experiment_fingerprint(specs: Sequence[RunSpec], shared: dict[str, Any]) -> str:
-    """A hash of everything that makes the experiment's runs."""
-    doc = []
+def experiment_fingerprint(specs: Sequence[RunSpec], shared: dict[str, Any],
+                           search: Any = None) -> str:
+    """A hash of everything that makes the experiment's runs. ``search``: what identifies an
+    adaptive search (its runs are proposed later, so ``specs`` is empty then)."""
+    doc: list[Any] = [] if search is None else [["search", search]]
     for spec in specs:
         config = {k: v for k, v in spec.config.to_dict().items() if k not in _NOT_FINGERPRINTED}
         doc.append([spec.name, {k: describe(v) for k, v in sorted(spec.knobs.items())},

@@ -3,6 +3,7 @@
 Everything under ``<output_dir>``::
 
     schedule.csv, ops.csv          what ran when; every op and its result
+    search.csv                     an adaptive search's proposals and told results
     runs/<run>/                    a run's TRL output_dir (its own checkpoints, logs)
     runs/<run>/final/              its final adapter or model, trainer state, train output
     .rapidfire/scheduler.json      the shared scheduler state (store.py), and its lock
@@ -10,6 +11,7 @@ Everything under ``<output_dir>``::
     .rapidfire/checkpoints/<run>/  its boundary checkpoints (checkpoint-<step>)
     .rapidfire/warm/<run>/         a warm clone's starting state
     .rapidfire/cache/              parked run state spilled to disk (cache.py)
+    .rapidfire/optuna.journal      an Optuna search's study, and its lock (optuna_study.py)
     .rapidfire/inbox/, alive.json  ops from the CLI for an untracked experiment; who trains it
                                    now (folder_control.py)
     previous/<time>/               an earlier, different experiment of this output_dir,
@@ -73,6 +75,20 @@ class Layout:
         return self.output_dir / "ops.csv"
 
     @property
+    def search_log(self) -> Path:
+        """An adaptive search's log: what it proposed, what it was told."""
+        return self.output_dir / "search.csv"
+
+    @property
+    def study_journal(self) -> Path:
+        """An Optuna search's study (Optuna's journal storage file)."""
+        return self.state_dir / "optuna.journal"
+
+    @property
+    def study_lock(self) -> Path:
+        return self.state_dir / "optuna.lock"
+
+    @property
     def scheduler_state(self) -> Path:
         return self.state_dir / "scheduler.json"
 
@@ -125,8 +141,8 @@ class Layout:
         """Move this folder's experiment (its state, schedule, op log and runs) into a new
         folder under ``previous/``, named for the time; nothing is deleted. Returns that
         folder, or ``None`` if there was nothing to move."""
-        present = [p for p in (self.state_dir, self.schedule, self.ops_log, self.runs_root)
-                   if p.exists()]
+        present = [p for p in (self.state_dir, self.schedule, self.ops_log, self.search_log,
+                               self.runs_root) if p.exists()]
         if not present:
             return None
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())

@@ -35,7 +35,7 @@ from .experiment_data import (
     run_order,
 )
 from .plot_legend import fit_legends, legend_style, run_labels
-from .report import format_value
+from .report import format_value, search_rows
 from .schedule import ChunkRecord
 
 # ExperimentData, OpEvent, RunData and load_experiment live in experiment_data.py; they are
@@ -428,6 +428,12 @@ def summary_markdown(
             rank if value is not None else "-", run.name, run.status or "-",
             "-" if run.steps is None else run.steps, format_value(value), len(mine),
             mine[-1].result if mine else "", knobs)) + " |")
+    rows = search_rows(data.search)
+    if rows:
+        lines += ["", "## Search", "", "What the sampler proposed, when (after its first "
+                  "proposal), and what it was told (`search.csv`).", "",
+                  "| trial | run | proposed | params | told |", "| ---: | --- | --- | --- | --- |"]
+        lines += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in rows]
     for image in images:
         title = Path(image).stem.replace("_", " ").capitalize()
         lines += ["", f"## {title}", "", f"![{title}]({image})"]

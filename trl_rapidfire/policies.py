@@ -23,6 +23,7 @@ import hashlib
 import math
 import random
 from abc import ABC, abstractmethod
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -39,6 +40,7 @@ __all__ = [
     "PopulationBased",
     "RunHistory",
     "SuccessiveHalving",
+    "chunk_values",
     "metric_at",
 ]
 
@@ -169,6 +171,28 @@ def metric_at(history: RunHistory, metric: str, chunks: int) -> float | None:
                 value = float(v)
                 break
     return value
+
+
+def chunk_values(history: RunHistory, metric: str) -> dict[int, float]:
+    """Step at the end of each finished chunk -> the last value of ``metric`` (or
+    ``eval_<metric>``) logged within that chunk; chunks without one are left out, NaN kept.
+    What Optuna calls a trial's intermediate values (the search and the pruner report them)."""
+    ends = history.chunk_ends[:max(history.chunks_done, 0)]
+    keys = (metric,) if metric.startswith("eval_") else (metric, f"eval_{metric}")
+    out: dict[int, float] = {}
+    for entry in history.log:
+        step = entry.get("step")
+        if not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0:
+            continue
+        chunk = bisect_left(ends, step)  # the first chunk whose end is at or after the step
+        if chunk == len(ends):
+            continue
+        for key in keys:
+            value = entry.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[ends[chunk]] = float(value)
+                break
+    return out
 
 
 def _check_mode(mode: str) -> None:

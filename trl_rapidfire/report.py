@@ -3,6 +3,7 @@ the chunk timeline drawn from the schedule."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -13,7 +14,8 @@ from .knobs import describe_value
 from .results import RunResult
 from .schedule import ChunkRecord
 
-__all__ = ["chunk_timeline", "format_value", "knob_cells", "results_table", "short_name"]
+__all__ = ["chunk_timeline", "format_value", "knob_cells", "results_table", "search_rows",
+           "short_name"]
 
 DEFAULT_COLUMNS = {"loss": "loss", "train_loss": "train_loss", "eval_loss": "eval_loss"}
 _SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -213,3 +215,26 @@ def chunk_timeline(
         seconds = sum(c.seconds for _, c in mine)
         lines.append(f"{run.name:<{width}}  {cells}  {where}  ({seconds:.1f} s)")
     return "\n".join(lines)
+
+
+def search_rows(events: Sequence[Any], start: float | None = None) -> list[list[str]]:
+    """An adaptive search's log as rows: trial, run, when it was proposed (seconds after
+    ``start``, default the first event), what the sampler chose, and what the study was told
+    of it (``-`` while it trains). ``events``: :class:`~.experiment_data.SearchEvent`s."""
+    if not events:
+        return []
+    start = min(e.time for e in events) if start is None else start
+    told = {e.run: e.detail for e in events if e.event in ("told", "not told")}
+    rows = []
+    for e in events:
+        if e.event == "proposed":
+            try:
+                params = ", ".join(f"{k}={format_value(v)}"
+                                   for k, v in json.loads(e.detail).items())
+            except (ValueError, AttributeError):
+                params = e.detail
+            rows.append([e.trial, e.run, f"+{e.time - start:.1f} s", params,
+                         told.get(e.run, "-")])
+        elif e.event == "told" and e.run not in {r[1] for r in rows} and e.trial:
+            rows.append([e.trial, e.run, "(a person's clone)", "", e.detail])
+    return rows

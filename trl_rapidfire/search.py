@@ -26,7 +26,8 @@ from .configs import RFConfigError, RFConfigMixin
 from .knobs import Knob, KnobError, List, Range, describe_value, is_knob, same_value
 from .preflight import PreflightError, check_run
 
-__all__ = ["Search", "GridSearch", "RandomSearch", "RunSpec", "SearchError"]
+__all__ = ["AdaptiveSearch", "Axis", "GridSearch", "Proposal", "RandomSearch", "RunSpec",
+           "Search", "SearchError"]
 
 
 class SearchError(ValueError):
@@ -59,7 +60,27 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
-class _Axis:
+class Proposal:
+    """A run an adaptive search proposed while the experiment trains.
+
+    Attributes:
+        name: the run's name.
+        trial: the search's number for it (Optuna's trial number).
+        knobs: the knob values chosen (as a :class:`RunSpec` holds them).
+        params: the search's own record of the choice, as JSON text (what other workers and
+            a re-run rebuild the run from).
+        tags: the run's first tracking tags (which trial, proposed by what, when).
+    """
+
+    name: str
+    trial: int
+    knobs: dict[str, Any]
+    params: str
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Axis:
     """One dimension of the search: a single knob, or a zip group of Lists of equal length."""
 
     names: tuple[str, ...]
@@ -79,7 +100,7 @@ class _Axis:
         return {n: k.values[draw] for n, k in zip(self.names, self.knobs)}  # type: ignore[union-attr]
 
 
-def _check_distinct(axis: _Axis) -> None:
+def _check_distinct(axis: Axis) -> None:
     """Two positions of an axis with the same values would train one configuration twice."""
     if axis.is_range:
         return
@@ -121,7 +142,7 @@ class Search:
 
     # ---- the part that differs between searches ----------------------------------------------
 
-    def _draws(self, axes: Sequence[_Axis]) -> list[tuple[Any, ...]]:  # pragma: no cover
+    def _draws(self, axes: Sequence[Axis]) -> list[tuple[Any, ...]]:  # pragma: no cover
         raise NotImplementedError
 
     # ---- expansion ----------------------------------------------------------------------------
@@ -140,24 +161,7 @@ class Search:
             SearchError: a knob cannot be searched this way, or a run's values are invalid (the
                 message names the run, its knob values and the field at fault).
         """
-        config_knobs: Mapping[str, Knob] = (
-            rf_config.knobs if isinstance(rf_config, RFConfigMixin) else {}
-        )
-        clash = sorted(set(config_knobs) & set(trainer_level))
-        if clash:
-            raise SearchError(f"{clash} given both as config fields and as trainer arguments.")
-        for name, value in trainer_level.items():
-            if isinstance(value, Range):
-                raise SearchError(
-                    f"`{name}`={value!r}: a Range draws numbers, and `{name}` is a trainer "
-                    f"argument, not a number. Give its candidates: {name}=List([...])."
-                )
-            for candidate in (value.values if isinstance(value, List) else (value,)):
-                _check_no_nested_knob(name, candidate)
-        all_knobs: dict[str, Knob] = dict(config_knobs)
-        all_knobs.update({k: v for k, v in trainer_level.items() if is_knob(v)})
-        axes = self._axes(all_knobs)
-
+        all_knobs, axes = self.knob_axes(rf_config, trainer_level)
         runs: list[RunSpec] = []
         first_of: dict[tuple[Any, ...], str] = {}
         for draw_no, draw in enumerate(self._draws(axes)):
@@ -180,7 +184,30 @@ class Search:
             runs.append(self.build_run(name, len(runs), knobs, rf_config, trainer_level))
         return runs
 
-    def _axes(self, knobs: Mapping[str, Knob]) -> list[_Axis]:
+    def knob_axes(self, rf_config: Any,
+                  trainer_level: Mapping[str, Any]) -> tuple[dict[str, Knob], list[Axis]]:
+        """Every knob of the config group (config fields first, in field order, then the
+        trainer-level ones as passed) and the axes they form (a zip group is one axis),
+        checked."""
+        config_knobs: Mapping[str, Knob] = (
+            rf_config.knobs if isinstance(rf_config, RFConfigMixin) else {}
+        )
+        clash = sorted(set(config_knobs) & set(trainer_level))
+        if clash:
+            raise SearchError(f"{clash} given both as config fields and as trainer arguments.")
+        for name, value in trainer_level.items():
+            if isinstance(value, Range):
+                raise SearchError(
+                    f"`{name}`={value!r}: a Range draws numbers, and `{name}` is a trainer "
+                    f"argument, not a number. Give its candidates: {name}=List([...])."
+                )
+            for candidate in (value.values if isinstance(value, List) else (value,)):
+                _check_no_nested_knob(name, candidate)
+        all_knobs: dict[str, Knob] = dict(config_knobs)
+        all_knobs.update({k: v for k, v in trainer_level.items() if is_knob(v)})
+        return all_knobs, self._axes(all_knobs)
+
+    def _axes(self, knobs: Mapping[str, Knob]) -> list[Axis]:
         group_of = {name: group for group in self.zip_groups for name in group}
         for group in self.zip_groups:
             for name in group:
@@ -200,14 +227,14 @@ class Search:
                     f"Zipped Lists must have equal lengths, got {lengths}. Give each member one "
                     "candidate per position."
                 )
-        axes: list[_Axis] = []
+        axes: list[Axis] = []
         placed: set[tuple[str, ...]] = set()
         for name in knobs:
             group = group_of.get(name, (name,))
             if group in placed:
                 continue
             placed.add(group)
-            axis = _Axis(group, tuple(knobs[n] for n in group))
+            axis = Axis(group, tuple(knobs[n] for n in group))
             _check_distinct(axis)
             axes.append(axis)
         return axes
@@ -262,7 +289,7 @@ class GridSearch(Search):
         GridSearch(zip=[("reward_funcs", "reward_weights")])          # pair, don't cross
     """
 
-    def _draws(self, axes: Sequence[_Axis]) -> list[tuple[Any, ...]]:
+    def _draws(self, axes: Sequence[Axis]) -> list[tuple[Any, ...]]:
         for axis in axes:
             if axis.is_range:
                 raise SearchError(
@@ -294,7 +321,7 @@ class RandomSearch(Search):
         self.num_runs = num_runs
         self.seed = seed
 
-    def _draws(self, axes: Sequence[_Axis]) -> list[tuple[Any, ...]]:
+    def _draws(self, axes: Sequence[Axis]) -> list[tuple[Any, ...]]:
         rng = random.Random(self.seed)
         draws = []
         for _ in range(self.num_runs):
@@ -308,6 +335,32 @@ class RandomSearch(Search):
     def __repr__(self) -> str:
         zipped = f", zip={list(self.zip_groups)!r}" if self.zip_groups else ""
         return f"RandomSearch(num_runs={self.num_runs}, seed={self.seed}{zipped})"
+
+
+class AdaptiveSearch(Search):
+    """A search that proposes its runs while the experiment trains, from the results of the
+    runs before them (:class:`~trl_rapidfire.optuna_search.OptunaSearch`).
+
+    The RF trainers set it up in two steps: :meth:`describe` (before anything is written:
+    what identifies the experiment, with every knob checked) and :meth:`start` (the first
+    runs, and the proposer the engine asks for more; see
+    :mod:`trl_rapidfire.engine.proposals`)."""
+
+    def expand(self, rf_config: Any, **trainer_level: Any) -> list[RunSpec]:
+        raise SearchError(f"{type(self).__name__} proposes its runs while the experiment "
+                          "trains; pass it as search= to an RF trainer.")
+
+    def describe(self, rf_config: Any, **trainer_level: Any) -> Any:  # pragma: no cover
+        """What identifies this search over this config group (JSON-able, the same in every
+        process running the script); raises :class:`SearchError` for a bad knob."""
+        raise NotImplementedError
+
+    def start(self, rf_config: Any, layout: Any,
+              **trainer_level: Any) -> tuple[list[RunSpec], Any]:  # pragma: no cover
+        """The runs to build before training, and the proposer for the rest (its state kept
+        in the experiment's folder, ``layout``: shared by every worker, continued by a
+        re-run)."""
+        raise NotImplementedError
 
 
 def _check_no_nested_knob(name: str, value: Any) -> None:

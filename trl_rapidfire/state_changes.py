@@ -23,7 +23,7 @@ __all__ = ["MAPS", "SCALARS", "Marks", "Tracked", "apply_line", "parse_lines", "
 
 # Maps whose entries a line sets or deletes one by one (the others are replaced whole).
 MAPS = ("runs", "chunks_total", "claims", "owner", "last_run", "clones", "gang_size")
-SCALARS = ("fingerprint", "ready", "wall_seconds")
+SCALARS = ("fingerprint", "ready", "wall_seconds", "searching")
 
 
 class Tracked(dict):

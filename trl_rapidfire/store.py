@@ -38,6 +38,7 @@ __all__ = [
     "disband_forming_gang",
     "finish_gang_chunk",
     "gang_ready",
+    "is_proposal",
     "release",
     "renew",
 ]
@@ -74,8 +75,11 @@ class ExperimentState:
         last_run: worker -> the run it trained last (its state is on the device there).
         ready: the launch whose first worker has set the experiment up (applied the ops its
             script queued before training); the other workers of a launch wait for it.
-        clones: run name -> how a clone was made (``{"parent": ..., "op": ...}``), so that
-            every worker, and a re-run, can build it again.
+        clones: run name -> how a run added mid-flight was made, so that every worker, and a
+            re-run, can build it again: a clone (``{"parent": ..., "op": ...}``) or a search's
+            proposal (``{"trial": ..., "params": ...}``, see :func:`is_proposal`).
+        searching: an adaptive search may still add runs: a worker with nothing to train
+            waits instead of leaving.
         wall_seconds: the experiment's training wall time over all its sessions, kept by the
             first worker (a wall-clock budget spans re-runs).
         gang_size: run name -> how many workers train it together (FSDP runs: all of them).
@@ -96,6 +100,7 @@ class ExperimentState:
     wall_seconds: float = 0.0
     gang_size: dict[str, int] = field(default_factory=dict)
     gang: dict[str, Any] | None = None
+    searching: bool = False
 
     def add_run(self, name: str, chunks_total: int, knobs: dict[str, Any] | None = None) -> None:
         if name in self.runs:
@@ -112,7 +117,7 @@ class ExperimentState:
             "claims": {n: asdict(c) for n, c in self.claims.items()},
             "owner": self.owner, "last_run": self.last_run, "clones": self.clones,
             "ready": self.ready, "wall_seconds": self.wall_seconds,
-            "gang_size": self.gang_size, "gang": self.gang,
+            "gang_size": self.gang_size, "gang": self.gang, "searching": self.searching,
         }
 
     @classmethod
@@ -134,6 +139,7 @@ class ExperimentState:
             wall_seconds=float(doc.get("wall_seconds", 0.0)),
             gang_size={n: int(v) for n, v in doc.get("gang_size", {}).items()},
             gang=doc.get("gang"),
+            searching=bool(doc.get("searching", False)),
         )
 
     def live_claims(self) -> bool:
@@ -153,15 +159,27 @@ def check_state_names(doc: dict[str, Any]) -> None:
         if gang is not None:
             names.append(gang["run"])
         for name, recipe in doc.get("clones", {}).items():
+            if is_proposal(recipe):
+                continue
             if not isinstance(recipe, dict) or set(recipe) != {"parent", "op"} or not isinstance(
                     recipe["op"], str):
-                raise StoreError(f"clone {name!r}: a recipe is {{parent, op}}, got {recipe!r}")
+                raise StoreError(f"clone {name!r}: a recipe is {{parent, op}} or {{trial, "
+                                 f"params}}, got {recipe!r}")
             names.append(recipe["parent"])
         for name in names:
             check_run_name(name, "the scheduler state")
     except (UntrustedValue, KeyError, TypeError, AttributeError) as err:
         raise StoreError(f"{err}: the file was edited or damaged; restore it, or use another "
                          "output_dir") from None
+
+
+def is_proposal(recipe: Any) -> bool:
+    """Whether ``recipe`` (an entry of ``clones``) is a search's proposal: its trial number
+    and the sampler's parameters as JSON text, nothing else (the search maps them back to knob
+    values, checking each against the knob's candidates)."""
+    return (isinstance(recipe, dict) and set(recipe) == {"trial", "params"}
+            and isinstance(recipe["trial"], str) and recipe["trial"].isdigit()
+            and isinstance(recipe["params"], str))
 
 
 def claim_next(

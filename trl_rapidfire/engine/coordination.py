@@ -262,7 +262,8 @@ class Coordinator:
             if not clones and not held and write is None:
                 claimed = claim_next(st, self.worker.id, now=time.time(),
                                      lease_seconds=self.lease_seconds)
-            waiting = st.live_claims()
+            # A search that may still add runs: nobody leaves while it can.
+            waiting = st.live_claims() or st.searching
             self.sync(st)
         recorded = tuple(finished)
         if clones:  # made by another worker: build them here too

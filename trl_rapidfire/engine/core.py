@@ -28,6 +28,7 @@ from ..results import RunResult
 from ..runs import RunStatus
 from ..schedule import ChunkRecord
 from ..state_file import FileStore
+from ..store import is_proposal
 from ..switch import RunCoroutine
 from ..tracking import Tracker
 from ..trust import check_run_name, inside
@@ -36,6 +37,7 @@ from .building import new_slot, plan_for, register_failed
 from .clones import Clones
 from .coordination import Claim, Coordinator, Done, GangWait, Retry, Turn, Wait
 from .ops import OpsDesk
+from .proposals import Proposals, Proposer
 from .records import EngineStats, RunSlot, WeightsAt
 from .reporting import Reporter, progress_text
 from .run_trainer import NewRun, RunFactory
@@ -64,6 +66,8 @@ class Engine:
             this engine neither rebuilds nor clones.
         policy: automatic control at chunk ends (see :mod:`trl_rapidfire.policies`).
         tracker: where runs, metrics and op answers go (MLflow), and ops come from.
+        proposer: an adaptive search that proposes runs while the experiment trains (see
+            :mod:`.proposals`); ``None``: every run is registered before ``run()``.
     """
 
     # Kept by the collaborator that uses them (see there for what each does), read and set
@@ -96,6 +100,7 @@ class Engine:
         runs: RunFactory | None = None,
         policy: Policy | None = None,
         tracker: Tracker | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
         self.layout = Layout(self.output_dir)
@@ -131,6 +136,10 @@ class Engine:
             layout=self.layout, store=self.store, worker=self.worker, slots=self.slots,
             clones=clones, policy=policy, turns=self._turns, shared=self._shared,
             reporter=self._reporter, clock=self._clock, replanned=self.replanned,
+        )
+        self._proposals = Proposals(
+            proposer=proposer, layout=self.layout, store=self.store, slots=self.slots,
+            shared=self._shared, runs=runs, register=self.register, replanned=self.replanned,
         )
 
     @property
@@ -278,9 +287,12 @@ class Engine:
                 # Ops act on runs as of their last trained chunk: record those first.
                 self._flush_finishes()
                 self.apply_ops()
+            self._proposals.step()
             match self._claim():
                 case Done():
-                    break
+                    # The last runs' results are told to the search (which may still add).
+                    if not self._proposals.step():
+                        break
                 case Retry():
                     continue
                 case Wait():
@@ -296,8 +308,7 @@ class Engine:
         """First ``run()``: put this process's runs in the shared state, or take the state
         that an earlier process (a killed experiment) or another worker left."""
         records, clones = self._shared.register()
-        for name, info in clones.items():
-            self._ops.build_clone_from_store(name, info)
+        self._build_added(clones)
         for name, record in records.items():
             if name in self.slots:
                 slot = self.slots[name]
@@ -313,12 +324,20 @@ class Engine:
         for slot in claim.recorded:
             self._after_turn(slot)
         if isinstance(claim, Retry):
-            for name, info in claim.clones.items():
-                self._ops.build_clone_from_store(name, info)
+            self._build_added(claim.clones)
             if claim.write is not None:
                 self._turns.open_writes()
                 concurrent.futures.wait([claim.write])
         return claim
+
+    def _build_added(self, recipes: dict[str, dict[str, str]]) -> None:
+        """Build the runs another worker (or an earlier session) added mid-flight: clones,
+        and an adaptive search's proposals."""
+        for name, recipe in recipes.items():
+            if is_proposal(recipe):
+                self._proposals.build_from_recipe(name, recipe)
+            else:
+                self._ops.build_clone_from_store(name, recipe)
 
     def _turn(self, claim: Turn) -> None:
         """Train the claimed chunk: switch the run in, resume it until its next boundary (or

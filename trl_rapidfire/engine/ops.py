@@ -13,7 +13,7 @@ from ..cache import save_tree
 from ..control import Op, OpError, OpRecord, append_op_row, parse_op
 from ..folder_control import Inbox
 from ..layout import Layout, run_index, run_name
-from ..policies import Context, Policy, RunHistory
+from ..policies import Context, Policy
 from ..runs import RunState, RunStatus, status_op_refusal
 from ..state_file import FileStore
 from ..store import disband_forming_gang
@@ -21,7 +21,7 @@ from ..workers import WorkerInfo
 from .building import register_failed
 from .clones import Clones, next_run_index
 from .coordination import Coordinator
-from .records import RunSlot
+from .records import RunSlot, history_of
 from .reporting import Reporter
 from .support import WallClock, canonical_op, json_knobs
 from .turns import Turns
@@ -131,18 +131,9 @@ class OpsDesk:
                               reason=d.reason)
 
     def _policy_context(self, done: dict[str, int]) -> Context:
-        runs = {}
-        for s in self.slots.values():
-            state = s.trainer.state if s.trainer is not None else None
-            if s.disk_state is not None and (state is None
-                                             or s.disk_state.global_step > state.global_step):
-                state = s.disk_state
-            runs[s.name] = RunHistory(
-                name=s.name, status=s.state.status, chunks_done=done[s.name],
-                chunks_total=len(s.plan), chunk_ends=tuple(c.end_step for c in s.plan.chunks),
-                log=tuple(state.log_history) if state is not None else (), knobs=s.knobs,
-                parent=s.state.parent, training=s.name in self._shared.training_elsewhere,
-            )
+        elsewhere = self._shared.training_elsewhere
+        runs = {s.name: history_of(s, done[s.name], training=s.name in elsewhere)
+                for s in self.slots.values()}
         return Context(runs, self._clock.seconds())
 
     # ------------------------------------------------------------------ applying them

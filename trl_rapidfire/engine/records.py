@@ -11,12 +11,13 @@ from typing import Any
 
 from ..chunks import ChunkPlan
 from ..models import ModelGroup
+from ..policies import RunHistory
 from ..residency import Residency
 from ..results import RunResult, latest_metrics
 from ..runs import RunState
 from ..switch import RngState, RunCoroutine
 
-__all__ = ["EngineStats", "RunFailure", "RunSlot", "WeightsAt"]
+__all__ = ["EngineStats", "RunFailure", "RunSlot", "WeightsAt", "history_of"]
 
 
 class RunFailure(RuntimeError):
@@ -183,3 +184,19 @@ class RunSlot:
             error=self.error or self.state.error,
             last_op=self.last_op,
         )
+
+
+def history_of(slot: RunSlot, chunks_done: int, *, training: bool = False) -> RunHistory:
+    """What a policy or a search knows of ``slot``: its status, ``chunks_done`` (which may
+    count a chunk trained here but not recorded yet), its plan and its logged entries (from
+    its live trainer, or from its checkpoint when that is further along)."""
+    state = slot.trainer.state if slot.trainer is not None else None
+    if slot.disk_state is not None and (state is None
+                                        or slot.disk_state.global_step > state.global_step):
+        state = slot.disk_state
+    return RunHistory(
+        name=slot.name, status=slot.state.status, chunks_done=chunks_done,
+        chunks_total=len(slot.plan), chunk_ends=tuple(c.end_step for c in slot.plan.chunks),
+        log=tuple(state.log_history) if state is not None else (), knobs=slot.knobs,
+        parent=slot.state.parent, training=training,
+    )

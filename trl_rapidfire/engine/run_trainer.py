@@ -112,5 +112,11 @@ class RunFactory(Protocol):
         :mod:`trl_rapidfire.trust`). Raises :class:`~trl_rapidfire.control.OpError` when the
         clone cannot be built (nothing is left behind)."""
 
+    def new(self, name: str, knobs: dict[str, Any]) -> NewRun:
+        """Build the run ``name`` with these knob values chosen (an adaptive search's
+        proposal), as the search's expansion would have built it. Raises when it cannot be
+        built (nothing is left behind)."""
+
     def undo(self, name: str) -> None:
-        """Take back a run built by :meth:`clone` that the engine could not use."""
+        """Take back a run built by :meth:`clone` or :meth:`new` that the engine could not
+        use."""

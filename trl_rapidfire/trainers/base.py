@@ -33,7 +33,7 @@ from ..models import ModelPool
 from ..policies import as_policy
 from ..results import RunResult, pick_best
 from ..schedule import ChunkRecord
-from ..search import GridSearch, RunSpec, Search
+from ..search import AdaptiveSearch, GridSearch, RunSpec, Search
 from ..state_file import FileStore
 from ..store import StoreError
 from ..workers import current_worker, lease_seconds
@@ -88,23 +88,33 @@ class RFTrainerMixin:
             search = GridSearch()
         if not isinstance(search, Search):
             raise TypeError(
-                f"`search` must be GridSearch() or RandomSearch(...), got {search!r}."
+                f"`search` must be GridSearch(), RandomSearch(...) or OptunaSearch(...), got "
+                f"{search!r}."
             )
         self.args = args
         self.search = search
-        specs = search.expand(args, **knob_args)
+        adaptive = isinstance(search, AdaptiveSearch)
+        # An adaptive search's runs come from its study, which lives in the experiment's
+        # folder: it is opened once that folder is known to be this experiment's.
+        described = search.describe(args, **knob_args) if adaptive else None
+        specs = [] if adaptive else search.expand(args, **knob_args)
         layout = Layout(args.output_dir)
         self._rf_pool = ModelPool()
         check_overrides(type(self))
         builder = RunBuilder(trainer_class=run_class_for(type(self), self._rf_run_hooks),
                              args=args, shared=shared_args, knob_args=knob_args,
-                             pool=self._rf_pool, owner=self, single=len(specs) == 1)
+                             pool=self._rf_pool, owner=self,
+                             single=not adaptive and len(specs) == 1)
         _check_specs(specs, shared_args, builder)
         try:
             lease = lease_seconds()
         except ValueError as err:
             raise RFConfigError(str(err)) from None
-        store = _open_store(layout, experiment_fingerprint(specs, shared_args))
+        store = _open_store(layout, experiment_fingerprint(specs, shared_args, described))
+        proposer = None
+        if adaptive:
+            specs, proposer = search.start(args, layout, **knob_args)
+            _check_specs(specs, shared_args, builder, metric=search.metric)
         tracker = None
         if _tracks_to_mlflow(args):
             from ..tracking import Tracker
@@ -120,11 +130,14 @@ class RFTrainerMixin:
         self._rf_engine = Engine(layout.output_dir, cache, progress=not args.disable_tqdm,
                                  lease_seconds=lease,
                                  pool=self._rf_pool, store=store, runs=builder, policy=policy,
-                                 tracker=tracker)
+                                 tracker=tracker, proposer=proposer)
         self._rf_best: str | None = None
         for spec in specs:
             try:
-                self._rf_engine.register(builder.build(spec))
+                new = builder.build(spec)
+                if proposer is not None:
+                    new.tags.update(proposer.tags_of(spec.name))
+                self._rf_engine.register(new)
             except RFConfigError:
                 raise  # the setup itself is wrong: say so before anything trains
             except Exception as err:  # noqa: BLE001 - e.g. a user formatting function raised
@@ -412,8 +425,9 @@ def _open_store(layout: Layout, fingerprint: str) -> FileStore:
 
 
 def _check_specs(specs: Sequence[RunSpec], shared_args: dict[str, Any],
-                 builder: RunBuilder) -> None:
-    """What is wrong with the experiment as a whole, said before any model loads."""
+                 builder: RunBuilder, metric: str | None = None) -> None:
+    """What is wrong with the experiment as a whole, said before any model loads.
+    ``metric``: what an adaptive search optimizes (it must be logged)."""
     optimizers = shared_args.get("optimizers")
     if len(specs) > 1 and optimizers is not None and any(o is not None for o in optimizers):
         raise ValueError(
@@ -427,6 +441,13 @@ def _check_specs(specs: Sequence[RunSpec], shared_args: dict[str, Any],
             raise RFConfigError(
                 f"{spec.name}: eval_strategy='chunk' evaluates every run at each chunk end "
                 "and needs an eval_dataset; pass eval_dataset=... or use eval_strategy='no'."
+            )
+        if metric is not None and metric.startswith("eval_") and not (
+                chunk_eval or builder.strategy(spec, "eval_strategy") not in (None, "no")):
+            raise RFConfigError(
+                f"{spec.name}: the search optimizes {metric!r}, which only evaluation logs; "
+                "set eval_strategy='chunk' (and pass eval_dataset=...) so that every run is "
+                "evaluated at each chunk end, or search on metric='loss'."
             )
     copy_callbacks(shared_args.get("callbacks"))  # fail before any model is loaded
 

@@ -244,6 +244,18 @@ class RunBuilder:
             self.undo(name)
             raise OpError(f"could not build {name}: {type(err).__name__}: {err}") from None
 
+    def new(self, name: str, knobs: dict[str, Any]) -> NewRun:
+        """Build the run an adaptive search proposed: ``knobs`` chosen, everything else as
+        the experiment's config and trainer arguments have it (what ``expand`` would have
+        built). Raises :class:`~trl_rapidfire.search.SearchError` for invalid values."""
+        self.single = False
+        spec = Search.build_run(name, run_index(name), knobs, self.args, self.knob_args)
+        try:
+            return self.build(spec)
+        except Exception:
+            self.undo(name)
+            raise
+
     def undo(self, name: str) -> None:
         """Take back a run whose build failed half-way (its adapter, its group entry)."""
         self.specs.pop(name, None)

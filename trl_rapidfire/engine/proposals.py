@@ -1,0 +1,169 @@
+"""Runs an adaptive search proposes while the experiment trains (Optuna's samplers, say).
+
+Whenever fewer than the search's ``max_concurrent`` runs are in the rotation, the search is
+asked for the next run, which joins as a new run; whenever a run leaves the rotation
+(completed, stopped by a person or a policy, failed, deleted), the search is told its result,
+once. Both happen under the shared state's lock, so with several workers every run is
+proposed once and every result told once, whichever worker does it. A proposed run's recipe
+(its trial number and the sampler's parameters) goes into the shared state, from which the
+other workers, and a re-run after a crash, build the same run.
+
+The engine knows the search only through :class:`Proposer`; the trainer layer's
+:class:`~.run_trainer.RunFactory` builds the runs it proposes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..layout import Layout, run_index, run_name
+from ..policies import RunHistory
+from ..search import Proposal
+from ..state_file import FileStore
+from ..store import is_proposal
+from .building import register_failed
+from .clones import next_run_index
+from .coordination import Coordinator
+from .records import RunSlot, history_of
+from .run_trainer import NewRun, RunFactory
+from .support import json_knobs
+
+__all__ = ["Proposal", "Proposals", "Proposer"]
+
+
+class Proposer(Protocol):
+    """An adaptive search, as the engine asks it (called under the shared state's lock)."""
+
+    max_concurrent: int
+
+    def more(self) -> bool:
+        """Whether it may propose another run."""
+
+    def propose(self, name: str) -> Proposal:
+        """The next run, to be named ``name`` (only when :meth:`more`)."""
+
+    def from_recipe(self, name: str, trial: int, params: str) -> Proposal:
+        """The run ``name`` that trial ``trial`` proposed with ``params`` (a recipe in the
+        shared state). Raises ``ValueError`` when the params are not the search's."""
+
+    def tell(self, history: RunHistory) -> str | None:
+        """The run left the rotation: record its result (at most once per run, whoever asks).
+        Returns what was recorded, for the logs, or ``None`` when nothing was (told
+        before)."""
+
+
+class Proposals:
+    """Asks the search for runs and tells it their results, at the loop's every turn.
+
+    Args:
+        proposer: the search; ``None``: the experiment's runs are all known up front.
+        layout, store, slots, shared: the experiment's paths, its shared state, the engine's
+            runs, this worker's view of the shared state.
+        runs: builds a proposed run's trainer.
+        register: the engine's :meth:`~.core.Engine.register`.
+        replanned: told when new runs change the experiment's chunk count.
+    """
+
+    def __init__(
+        self, *, proposer: Proposer | None, layout: Layout, store: FileStore,
+        slots: dict[str, RunSlot], shared: Coordinator, runs: RunFactory | None,
+        register: Callable[[NewRun], RunSlot], replanned: Callable[[], None],
+    ) -> None:
+        self.proposer = proposer
+        self.layout = layout
+        self.store = store
+        self.slots = slots
+        self._shared = shared
+        self._runs = runs
+        self._register = register
+        self._replanned = replanned
+        self._told: set[str] = set()
+        self._checked = False  # the first step of this process always looks
+
+    def step(self) -> bool:
+        """Tell the search about the runs that left the rotation and ask it for new ones
+        while the rotation has room; say in the shared state whether more may come. Returns
+        whether runs were added."""
+        proposer = self.proposer
+        if proposer is None:
+            return False
+        leaving = any(not s.state.status.schedulable and n not in self._told
+                      for n, s in self.slots.items())
+        rotation = sum(1 for s in self.slots.values() if s.state.status.schedulable)
+        if self._checked and not leaving and not (rotation < proposer.max_concurrent
+                                                  and proposer.more()):
+            return False
+        self._checked = True
+        added = False
+        with self.store.transaction() as st:
+            self._shared.sync(st)
+            for name, record in st.runs.items():
+                slot = self.slots.get(name)
+                if record.status.schedulable or name in self._told or slot is None:
+                    continue
+                proposer.tell(history_of(slot, record.chunks_done))
+                self._told.add(name)
+            rotation = sum(1 for r in st.runs.values() if r.status.schedulable)
+            while rotation < proposer.max_concurrent and proposer.more():
+                name = run_name(next_run_index(st.runs, self.slots))
+                proposal = proposer.propose(name)
+                slot = self._build(proposal)
+                st.add_run(name, len(slot.plan), json_knobs(slot.knobs))
+                st.clones[name] = {"trial": str(proposal.trial), "params": proposal.params}
+                if slot.gang:
+                    st.gang_size[name] = slot.gang
+                if slot.trainer is None:
+                    st.runs[name].fail(slot.error or "could not be set up")
+                    proposer.tell(history_of(slot, 0))
+                    self._told.add(name)
+                else:
+                    rotation += 1
+                added = True
+            st.searching = proposer.more()
+            self._shared.sync(st)
+        if added:
+            self._replanned()
+        return added
+
+    def build_from_recipe(self, name: str, recipe: dict[str, str]) -> None:
+        """Build the proposed run ``name`` another worker (or an earlier session) added,
+        from its recipe in the shared state; if it cannot be built here, it alone fails."""
+        if self.proposer is None or not is_proposal(recipe):
+            raise RuntimeError(f"cannot build {name}: {recipe!r} is a search's proposal, and "
+                               "this experiment has no adaptive search")
+        try:
+            proposal = self.proposer.from_recipe(name, int(recipe["trial"]), recipe["params"])
+        except ValueError as err:
+            slot = self._failed(name, {}, RuntimeError(
+                f"cannot rebuild {name} from {self.store.path}: {err}"))
+        else:
+            slot = self._build(proposal)
+        if slot.trainer is None:
+            with self.store.transaction() as st:
+                record = st.runs.get(name)
+                if record is not None and record.status.schedulable:
+                    record.fail(slot.error or "could not be set up")
+                self._shared.sync(st)
+        self._replanned()
+
+    def _build(self, proposal: Proposal) -> RunSlot:
+        """Build and register the proposed run; a run that cannot be built is registered as
+        failed (the search is told), and the others train on."""
+        try:
+            if self._runs is None:
+                raise RuntimeError("this experiment cannot build new runs")
+            new = self._runs.new(proposal.name, proposal.knobs)
+            new.tags.update(proposal.tags)
+            return self._register(new)
+        except Exception as err:  # noqa: BLE001 - that run fails, the others go on
+            if self._runs is not None:
+                self._runs.undo(proposal.name)
+            self.slots.pop(proposal.name, None)
+            return self._failed(proposal.name, proposal.knobs, err)
+
+    def _failed(self, name: str, knobs: dict[str, Any], error: BaseException) -> RunSlot:
+        index = run_index(name)
+        return register_failed(self.slots, name=name, index=-1 if index is None else index,
+                               knobs=knobs, group=None, run_dir=self.layout.run_dir(name),
+                               error=error, stacklevel=4)
