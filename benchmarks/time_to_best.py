@@ -38,6 +38,13 @@ Usage::
     python benchmarks/time_to_best.py --quick            # 4 configs, 256 rows: a smoke test
     python benchmarks/time_to_best.py --repeats 2         # alternate A B A B, keep each best
     python benchmarks/time_to_best.py --threads 1 --json time_to_best.json
+    python benchmarks/time_to_best.py --searches         # search methods at one budget (below)
+    python benchmarks/time_to_best.py --searches --quick # the same, 4 chunks, seed 0: a smoke test
+
+``--searches`` compares, on this workload over ``learning_rate=Range(1e-4, 1e-1, log=True)`` x
+``lr_scheduler_type=List([...3])``, random search, successive halving, Optuna's TPE and TPE with
+Optuna's successive halving pruner at the same budget of chunks, over ``--seeds`` (0 1 2): see
+``benchmarks/search_comparison.py``, which it loads. It needs Optuna.
 
 Runs offline on CPU (``HF_HUB_OFFLINE=1`` is fine); on a CUDA machine it runs unchanged.
 """
@@ -46,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import json
 import math
@@ -57,6 +65,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -237,12 +246,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="alternate the sides this many times; each keeps its fastest")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: torch's count at start)")
-    p.add_argument("--quick", action="store_true", help="4 configs, 4 chunks, 256 rows")
+    p.add_argument("--quick", action="store_true",
+                   help="4 configs, 4 chunks, 256 rows (with --searches: seed 0 only)")
     p.add_argument("--json", default=None, help="also write the figures to this file")
+    p.add_argument("--searches", action="store_true",
+                   help="compare random search, successive halving, TPE and TPE + pruner at "
+                        "successive halving's budget of chunks (--configs of them)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="--searches: the search seeds to average over (default 0 1 2)")
     args = p.parse_args(argv)
     if args.quick:
         args.configs, args.chunks, args.rows = 4, 4, 256
+    if args.seeds is None:
+        args.seeds = [0] if args.quick else [0, 1, 2]
     return args
+
+
+def search_comparison() -> Any:
+    """``search_comparison.py`` beside this file (the benchmarks are no package)."""
+    spec = importlib.util.spec_from_file_location(
+        "search_comparison_benchmark", Path(__file__).with_name("search_comparison.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
+    if args.searches:
+        return search_comparison().main(args, sys.modules[__name__])
     from trl_rapidfire.testing import make_sft_dataset, tiny_model_path
 
     model = tiny_model_path()

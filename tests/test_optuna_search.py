@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -217,6 +216,26 @@ def test_pruner_stops_are_ops_with_reasons_and_pruned_trials(tmp_path):
         optuna.trial.TrialState.COMPLETE}
 
 
+def test_a_spent_budget_ends_the_search_instead_of_starting_runs_it_would_stop(tmp_path):
+    from trl_rapidfire import Budget
+
+    out = tmp_path / "exp"
+    # Each run is 6 steps in chunks of 2; 16 steps is spent within the third run.
+    rf = _trainer(out, OptunaSearch(num_runs=6, max_concurrent=2, seed=3),
+                  policy=Budget(max_total_steps=16))
+    rf.train()
+    steps = sum(r.global_step for r in rf.runs)
+    assert 16 <= steps < 16 + 2 * 2  # at most one chunk of each run in the rotation over
+    # No run was proposed only to be stopped before its first chunk: once the budget was
+    # spent the sampler proposed nothing more.
+    assert all(r.global_step > 0 for r in rf.runs) and len(rf.runs) < 6
+    assert len(_proposals(out)) == len(rf.runs)
+    states = {t.user_attrs["run"]: t.state for t in _study(out).get_trials()}
+    expected = {r.name: (optuna.trial.TrialState.COMPLETE if r.status == RunStatus.COMPLETED
+                         else optuna.trial.TrialState.PRUNED) for r in rf.runs}
+    assert states == expected and optuna.trial.TrialState.PRUNED in states.values()
+
+
 def test_a_rerun_with_a_bigger_budget_continues_the_study(tmp_path):
     out = tmp_path / "exp"
     _trainer(out, OptunaSearch(num_runs=2, max_concurrent=2, seed=3)).train()
@@ -408,4 +427,10 @@ def test_two_workers_under_accelerate_launch_share_one_study(tmp_path):
     rows = list(csv.DictReader(open(out / "schedule.csv", newline="", encoding="utf-8")))
     assert {r["worker"] for r in rows} == {"0", "1"}, f"after {time.time() - started:.0f} s"
     assert _in_flight_at_most(out / "schedule.csv") <= 2
-    assert os.path.exists(out / "runs" / "run-5" / "final" / "adapter_model.safetensors")
+    # Whichever worker told a run's result, it is that run's final evaluation.
+    for trial in trials:
+        state = json.loads((out / "runs" / trial.user_attrs["run"] / "final" /
+                            "trainer_state.json").read_text())
+        evals = [e for e in state["log_history"] if "eval_loss" in e]
+        assert trial.value == evals[-1]["eval_loss"]
+        assert trial.intermediate_values == {e["step"]: e["eval_loss"] for e in evals}

@@ -127,6 +127,11 @@ class Policy(ABC):
     def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
         """``run`` has just finished a chunk; ``context`` shows every run as of now."""
 
+    def admits_new_runs(self, context: Context) -> bool:
+        """Whether an adaptive search may start another run now (a spent :class:`Budget`
+        says no: the runs it stopped would otherwise be replaced, one chunk each)."""
+        return True
+
 
 class Policies(Policy):
     """Several policies asked in order; each run gets at most one stop or fail (the first).
@@ -151,6 +156,9 @@ class Policies(Policy):
                     decided[d.run] = d
                 out.append(d)
         return out
+
+    def admits_new_runs(self, context: Context) -> bool:
+        return all(p.admits_new_runs(context) for p in self.policies)
 
 
 def metric_at(history: RunHistory, metric: str, chunks: int) -> float | None:
@@ -407,6 +415,9 @@ class Budget(Policy):
         if self.max_total_steps is not None and steps >= self.max_total_steps:
             return f"budget spent: {steps} of {self.max_total_steps} steps"
         return None
+
+    def admits_new_runs(self, context: Context) -> bool:
+        return self.spent(context) is None
 
     def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
         reason = self.spent(context)

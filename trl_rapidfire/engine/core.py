@@ -140,6 +140,7 @@ class Engine:
         self._proposals = Proposals(
             proposer=proposer, layout=self.layout, store=self.store, slots=self.slots,
             shared=self._shared, runs=runs, register=self.register, replanned=self.replanned,
+            admitted=self._ops.admits_new_runs,
         )
 
     @property

@@ -130,6 +130,13 @@ class OpsDesk:
                 self.queue_op(d.run, text, source=f"policy:{d.by or self.policy.name}",
                               reason=d.reason)
 
+    def admits_new_runs(self) -> bool:
+        """Whether the policy lets an adaptive search start another run now."""
+        if self.policy is None:
+            return True
+        done = {s.name: s.state.chunks_done for s in self.slots.values()}
+        return self.policy.admits_new_runs(self._policy_context(done))
+
     def _policy_context(self, done: dict[str, int]) -> Context:
         elsewhere = self._shared.training_elsewhere
         runs = {s.name: history_of(s, done[s.name], training=s.name in elsewhere)

@@ -63,12 +63,15 @@ class Proposals:
         runs: builds a proposed run's trainer.
         register: the engine's :meth:`~.core.Engine.register`.
         replanned: told when new runs change the experiment's chunk count.
+        admitted: whether the experiment's policy lets the search start another run now
+            (a spent budget does not).
     """
 
     def __init__(
         self, *, proposer: Proposer | None, layout: Layout, store: FileStore,
         slots: dict[str, RunSlot], shared: Coordinator, runs: RunFactory | None,
         register: Callable[[NewRun], RunSlot], replanned: Callable[[], None],
+        admitted: Callable[[], bool] = lambda: True,
     ) -> None:
         self.proposer = proposer
         self.layout = layout
@@ -78,6 +81,7 @@ class Proposals:
         self._runs = runs
         self._register = register
         self._replanned = replanned
+        self._admitted = admitted
         self._told: set[str] = set()
         self._checked = False  # the first step of this process always looks
 
@@ -105,7 +109,8 @@ class Proposals:
                 proposer.tell(history_of(slot, record.chunks_done))
                 self._told.add(name)
             rotation = sum(1 for r in st.runs.values() if r.status.schedulable)
-            while rotation < proposer.max_concurrent and proposer.more():
+            admitted = rotation >= proposer.max_concurrent or self._admitted()
+            while rotation < proposer.max_concurrent and admitted and proposer.more():
                 name = run_name(next_run_index(st.runs, self.slots))
                 proposal = proposer.propose(name)
                 slot = self._build(proposal)
@@ -120,7 +125,7 @@ class Proposals:
                 else:
                     rotation += 1
                 added = True
-            st.searching = proposer.more()
+            st.searching = admitted and proposer.more()
             self._shared.sync(st)
         if added:
             self._replanned()
