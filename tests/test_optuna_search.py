@@ -250,6 +250,21 @@ def test_a_rerun_with_a_bigger_budget_continues_the_study(tmp_path):
     assert sum(1 for r in _search_log(out) if r["event"] == "told") == 3
 
 
+def test_status_of_an_untracked_search_shows_each_runs_trial(tmp_path, capsys):
+    from trl_rapidfire.cli import main
+
+    out = tmp_path / "exp"
+    _trainer(out, OptunaSearch(num_runs=3, max_concurrent=2, seed=3)).train()
+    capsys.readouterr()
+    assert main(["status", "--output-dir", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("run"))
+    assert header.split()[:3] == ["run", "trial", "status"]
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith("run-")}
+    assert {name: row[1] for name, row in rows.items()} == {"run-0": "0", "run-1": "1",
+                                                           "run-2": "2"}
+
+
 def test_status_and_report_show_which_runs_the_sampler_proposed_and_when(tmp_path, monkeypatch,
                                                                        capsys):
     from trl_rapidfire.cli import main
