@@ -142,6 +142,34 @@ def test_tpe_proposes_k_at_a_time_each_told_once_and_each_run_is_plain_trl_bitwi
     assert _proposals(other) != proposals[:2]
 
 
+class _ReadStudy(TrainerCallback):
+    """In run-0's third chunk, what the study holds of it (another process could read the
+    same file then)."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if args.output_dir.endswith("run-0") and state.global_step == 5:
+            trial = next(t for t in _study(self.out).get_trials()
+                         if t.user_attrs["run"] == "run-0")
+            _RF["seen"] = (trial.state, dict(trial.intermediate_values))
+
+
+def test_intermediate_values_reach_the_study_as_chunks_are_recorded(tmp_path):
+    out = tmp_path / "exp"
+    _RF.clear()
+    rf = _trainer(out, OptunaSearch(num_runs=2, max_concurrent=2, seed=3),
+                  callbacks=[_ReadStudy(out)])
+    rf.train()
+    state, values = _RF["seen"]
+    assert state == optuna.trial.TrialState.RUNNING
+    evals = {e["step"]: e["eval_loss"] for e in rf.run_trainer("run-0").state.log_history
+             if "eval_loss" in e}
+    # The first chunk's value at least (the second's record may still be on its way).
+    assert 2 in values and values.items() <= evals.items() and 6 not in values
+
+
 _RF: dict = {}
 
 

@@ -157,6 +157,22 @@ class StudyBook:
 
     # ------------------------------------------------------------------ telling
 
+    def report(self, history: RunHistory) -> None:
+        """The values of the metric at the chunk ends ``history``'s run reached, as its
+        trial's intermediate values (those it has are left alone); a finished trial, or a run
+        without one (a clone), is left alone."""
+        values = {s: v for s, v in chunk_values(history, self.metric).items() if v == v}
+        if not values:
+            return
+        with self._locked():
+            trial = self._by_run().get(history.name)
+            if trial is None or trial.state.is_finished():
+                return
+            trial_id = self._trial_id(trial.number)
+            for step, value in sorted(values.items()):
+                if step not in trial.intermediate_values:
+                    self.storage.set_trial_intermediate_value(trial_id, step, value)
+
     def tell(self, history: RunHistory) -> str | None:
         """Tell the study how ``history``'s run ended, once: a completed run's last value
         of the metric (COMPLETE), a stopped or deleted one's values so far (PRUNED), a
@@ -180,8 +196,9 @@ class StudyBook:
                 if trial.state.is_finished():
                     return None
                 for step, v in sorted(finite.items()):
-                    self.storage.set_trial_intermediate_value(self._trial_id(trial.number), step,
-                                                              v)
+                    if trial.intermediate_values.get(step) != v:
+                        self.storage.set_trial_intermediate_value(
+                            self._trial_id(trial.number), step, v)
                 self.storage.set_trial_user_attr(self._trial_id(trial.number), "status",
                                                  history.status.value)
                 self.study.sampler = self.sampler_for(trial.number)

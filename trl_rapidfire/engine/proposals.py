@@ -47,6 +47,10 @@ class Proposer(Protocol):
         """The run ``name`` that trial ``trial`` proposed with ``params`` (a recipe in the
         shared state). Raises ``ValueError`` when the params are not the search's."""
 
+    def report(self, history: RunHistory) -> None:
+        """The run trained more chunks: record the metric's values at their ends so far (the
+        trial's intermediate values, as ``trial.report`` would)."""
+
     def tell(self, history: RunHistory) -> str | None:
         """The run left the rotation: record its result (at most once per run, whoever asks).
         Returns what was recorded, for the logs, or ``None`` when nothing was (told
@@ -83,6 +87,7 @@ class Proposals:
         self._replanned = replanned
         self._admitted = admitted
         self._told: set[str] = set()
+        self._reported: dict[str, int] = {}  # run -> chunks whose values the study has
         self._checked = False  # the first step of this process always looks
 
     def step(self) -> bool:
@@ -92,6 +97,7 @@ class Proposals:
         proposer = self.proposer
         if proposer is None:
             return False
+        self._report(proposer)
         leaving = any(not s.state.status.schedulable and n not in self._told
                       for n, s in self.slots.items())
         rotation = sum(1 for s in self.slots.values() if s.state.status.schedulable)
@@ -130,6 +136,16 @@ class Proposals:
         if added:
             self._replanned()
         return added
+
+    def _report(self, proposer: Proposer) -> None:
+        """The chunks this worker trained and recorded since it last looked, reported to the
+        study by it alone (the others have no newer values of them)."""
+        for name, slot in self.slots.items():
+            done = slot.state.chunks_done
+            if (slot.state.status.schedulable and done > self._reported.get(name, 0)
+                    and slot.local_chunks >= done):
+                proposer.report(history_of(slot, done))
+                self._reported[name] = done
 
     def build_from_recipe(self, name: str, recipe: dict[str, str]) -> None:
         """Build the proposed run ``name`` another worker (or an earlier session) added,
