@@ -201,3 +201,46 @@ def test_single_config_dpo_equals_dpo_trainer_including_save_model(model_path, t
     ref.save_model()
     assert _logs(rf) == _logs(ref)
     assert _same_adapter(tmp_path / "rf", tmp_path / "ref")
+
+
+def test_an_optuna_search_over_reward_sets_proposes_grpo_runs_equal_plain_grpo(model_path,
+                                                                              tmp_path):
+    optuna = pytest.importorskip("optuna")
+    from trl_rapidfire import OptunaSearch, Range
+
+    data = make_grpo_dataset(10)
+    lora = tiny_lora_config(r=4, lora_dropout=0.1)
+    sets = [[reward_correct_answer, reward_short], [reward_short]]
+    rf = RFGRPOTrainer(
+        model=model_path, reward_funcs=List(sets),
+        args=RFGRPOConfig(output_dir=str(tmp_path / "rf"), num_chunks=2,
+                          learning_rate=Range(1e-4, 1e-2, log=True),
+                          reward_weights=List([[1.0, 0.5], [1.0]]), **GRPO_COMMON),
+        train_dataset=data, peft_config=lora,
+        search=OptunaSearch(num_runs=3, max_concurrent=2, metric="reward",
+                            direction="maximize", seed=1,
+                            zip=[("reward_funcs", "reward_weights")]),
+    )
+    rf.train()
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        str(tmp_path / "rf" / ".rapidfire" / "optuna.journal")))
+    trials = optuna.load_study(study_name="trl-rapidfire", storage=storage).get_trials()
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    # The reward sets are one parameter, chosen by position.
+    assert trials[0].distributions["reward_funcs+reward_weights"].choices == (0, 1)
+    for trial in trials:
+        run = next(r for r in rf.runs if r.name == trial.user_attrs["run"])
+        index = trial.params["reward_funcs+reward_weights"]
+        assert run.knobs["reward_funcs"] == sets[index]
+        rewards = [e["reward"] for e in rf.run_trainer(run.name).state.log_history
+                   if "reward" in e]
+        assert trial.value == rewards[-1]  # maximized: the last reward logged
+        knobs = dict(run.knobs)
+        funcs = knobs.pop("reward_funcs")
+        ref = GRPOTrainer(model=model_path, reward_funcs=funcs, train_dataset=data,
+                          peft_config=lora,
+                          args=GRPOConfig(output_dir=str(tmp_path / run.name),
+                                          **{**GRPO_COMMON, **knobs}))
+        ref.train()
+        ref.save_model()
+        assert _same_adapter(Path(run.output_dir) / "final", tmp_path / run.name), run.name
