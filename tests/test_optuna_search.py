@@ -370,6 +370,24 @@ def test_without_optuna_the_classes_name_the_extra(monkeypatch):
         OptunaSearch(num_runs=2)
 
 
+def test_what_identifies_a_search_over_a_config_group():
+    def doc(search, lr=None, **config):
+        kwargs = {k: v for k, v in BASE.items() if k not in config}
+        lr = lr or Range(1e-5, 1e-1, log=True)
+        return search.describe(RFSFTConfig(output_dir="x", learning_rate=lr, **kwargs,
+                                           **config), model="m")
+
+    first = doc(OptunaSearch(num_runs=2, max_concurrent=2))
+    # More runs, more at a time, where it reports: the same experiment, continued.
+    assert doc(OptunaSearch(num_runs=9, max_concurrent=3)) == first
+    assert doc(OptunaSearch(num_runs=2), report_to="mlflow") == first
+    # Another seed, space, direction or config: another experiment.
+    assert doc(OptunaSearch(num_runs=2, seed=1)) != first
+    assert doc(OptunaSearch(num_runs=2), lr=Range(1e-5, 1e-2, log=True)) != first
+    assert doc(OptunaSearch(num_runs=2, direction="maximize")) != first
+    assert doc(OptunaSearch(num_runs=2), warmup_steps=2) != first
+
+
 def test_knobs_map_to_distributions_and_back():
     from peft import LoraConfig
 

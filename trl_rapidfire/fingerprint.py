@@ -14,7 +14,7 @@ from typing import Any
 from .dataset_checks import dataset_fingerprint
 from .search import RunSpec
 
-__all__ = ["experiment_fingerprint"]
+__all__ = ["config_doc", "describe", "experiment_fingerprint"]
 
 # Config fields that name places or secrets, not training: they may differ between two
 # launches of the same experiment.
@@ -29,13 +29,18 @@ def experiment_fingerprint(specs: Sequence[RunSpec], shared: dict[str, Any],
     adaptive search (its runs are proposed later, so ``specs`` is empty then)."""
     doc: list[Any] = [] if search is None else [["search", search]]
     for spec in specs:
-        config = {k: v for k, v in spec.config.to_dict().items() if k not in _NOT_FINGERPRINTED}
+        config = config_doc(spec.config)
         doc.append([spec.name, {k: describe(v) for k, v in sorted(spec.knobs.items())},
                     {k: describe(v) for k, v in sorted(spec.trainer_kwargs.items())}, config])
     for key in ("train_dataset", "eval_dataset"):
         doc.append([key, dataset_fingerprint(shared.get(key))])
     text = json.dumps(doc, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def config_doc(config: Any) -> dict[str, Any]:
+    """A run's TRL config as it identifies the experiment (places and secrets left out)."""
+    return {k: v for k, v in config.to_dict().items() if k not in _NOT_FINGERPRINTED}
 
 
 def describe(value: Any) -> Any:

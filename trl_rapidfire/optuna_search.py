@@ -18,9 +18,10 @@ and of that seed (see :mod:`trl_rapidfire.optuna_study`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .fingerprint import config_doc
 from .fingerprint import describe as describe_argument
 from .knobs import Range
 from .layout import Layout, run_index
@@ -30,6 +31,7 @@ from .optuna_support import require_optuna
 from .search import AdaptiveSearch, RunSpec, Search, SearchError
 
 __all__ = ["OptunaSearch"]
+
 
 def _derive_seed(seed: int, number: int) -> int:
     digest = hashlib.sha256(f"trl-rapidfire/optuna/{seed}/{number}".encode()).digest()
@@ -103,11 +105,10 @@ class OptunaSearch(AdaptiveSearch):
     @property
     def sampler_name(self) -> str:
         """What proposes the runs, as the run tags and the report name it."""
-        if self.sampler is None:
-            return "TPESampler"
-        if isinstance(self.sampler, Callable) and not hasattr(self.sampler, "sample_relative"):
-            return type(self.sampler_for(0)).__name__
-        return type(self.sampler).__name__
+        optuna = require_optuna("OptunaSearch")
+        if self.sampler is None or isinstance(self.sampler, optuna.samplers.BaseSampler):
+            return type(self.sampler).__name__ if self.sampler is not None else "TPESampler"
+        return type(self.sampler_for(0)).__name__  # a function: what it makes
 
     # ------------------------------------------------------------------ the trainers' side
 
@@ -142,7 +143,7 @@ class OptunaSearch(AdaptiveSearch):
                     getattr(sampler, "__qualname__", None) or type(sampler).__name__),
                 "seed": self.seed, "metric": self.metric, "direction": self.direction,
                 "zip": [list(g) for g in self.zip_groups], "knobs": knobs,
-                "template": describe_argument(template.config.to_dict()),
+                "template": describe_argument(config_doc(template.config)),
                 "arguments": {k: describe_argument(v) for k, v in
                               sorted(template.trainer_kwargs.items())}}
 
