@@ -24,17 +24,15 @@ every op, applied or rejected, is written to the op log with its result.
 from __future__ import annotations
 
 import copy
-import csv
 import dataclasses
-import io
 import json
 import os
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from .csv_logs import append_row
 from .experiments import Experiment, experiment_runs, find_experiment
 from .folder_control import Inbox, alive, folder_runs, is_untracked
 from .knobs import List, is_knob
@@ -270,15 +268,7 @@ _OP_FIELDS = [f.name for f in dataclasses.fields(OpRecord)]
 
 def append_op_row(record: OpRecord, path: str | os.PathLike) -> None:
     """Append one record to ``ops.csv`` (the header is written with the first row)."""
-    path = Path(path)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=_OP_FIELDS, lineterminator="\n")
-    if not path.exists():
-        writer.writeheader()
-    writer.writerow(dataclasses.asdict(record))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(buf.getvalue())
+    append_row(path, _OP_FIELDS, dataclasses.asdict(record))
 
 
 # --------------------------------------------------------------------------------------------

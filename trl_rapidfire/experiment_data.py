@@ -9,7 +9,6 @@ parsed as CSV or JSON, and nothing is written (not even a missing MLflow store).
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .csv_logs import read_rows
 from .layout import Layout, run_order
 from .schedule import ChunkRecord, read_schedule_csv
 from .state_file import FileStore
@@ -145,17 +145,13 @@ def _read_json(path: Path) -> Any:
 def read_ops(path: str | os.PathLike) -> list[OpEvent]:
     """The op log at ``path`` (``<output_dir>/ops.csv``), in the order handled; rows cut short
     by a crash are skipped."""
-    path = Path(path)
-    if not path.is_file():
-        return []
     out = []
-    with open(path, encoding="utf-8", newline="") as fh:
-        for row in csv.DictReader(fh):
-            try:
-                out.append(OpEvent(float(row["time"]), row["source"] or "", row["run"] or "",
-                                   row["op"] or "", row["result"] or ""))
-            except (KeyError, TypeError, ValueError):
-                continue  # a line cut short by a crash
+    for row in read_rows(path):
+        try:
+            out.append(OpEvent(float(row["time"]), row["source"] or "", row["run"] or "",
+                               row["op"] or "", row["result"] or ""))
+        except (KeyError, TypeError, ValueError):
+            continue  # a line cut short by a crash
     return out
 
 
@@ -174,17 +170,13 @@ class SearchEvent:
 def read_search_log(path: str | os.PathLike) -> list[SearchEvent]:
     """The search log at ``path`` (``<output_dir>/search.csv``), oldest first; rows cut
     short by a crash are skipped."""
-    path = Path(path)
-    if not path.is_file():
-        return []
     out = []
-    with open(path, encoding="utf-8", newline="") as fh:
-        for row in csv.DictReader(fh):
-            try:
-                out.append(SearchEvent(float(row["time"]), row["event"] or "", row["run"] or "",
-                                       row["trial"] or "", row["detail"] or ""))
-            except (KeyError, TypeError, ValueError):
-                continue
+    for row in read_rows(path):
+        try:
+            out.append(SearchEvent(float(row["time"]), row["event"] or "", row["run"] or "",
+                                   row["trial"] or "", row["detail"] or ""))
+        except (KeyError, TypeError, ValueError):
+            continue
     return out
 
 

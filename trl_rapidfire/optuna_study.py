@@ -22,16 +22,14 @@ run, trial, detail), which ``trl-rapidfire status`` and the report read without 
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from filelock import FileLock
 
+from .csv_logs import append_row
 from .layout import Layout, run_name
 from .optuna_space import SearchSpace, params_text
 from .optuna_support import quiet_optuna, require_optuna
@@ -239,14 +237,6 @@ class StudyBook:
     # ------------------------------------------------------------------ the search log
 
     def _log(self, event: str, run: str, trial: Any, detail: str) -> None:
-        """One row of ``search.csv`` (appended whole, with its header the first time)."""
-        buf = io.StringIO()
-        writer = csv.writer(buf)
-        new = not self.log_path.exists()
-        if new:
-            writer.writerow(SEARCH_LOG_FIELDS)
-        writer.writerow([f"{time.time():.3f}", event, run, trial, detail])
-        with open(self.log_path, "a", encoding="utf-8", newline="") as f:
-            f.write(buf.getvalue())
-            f.flush()
-            os.fsync(f.fileno())
+        """One row of ``search.csv``."""
+        append_row(self.log_path, SEARCH_LOG_FIELDS, dict(zip(
+            SEARCH_LOG_FIELDS, (f"{time.time():.3f}", event, run, trial, detail))))

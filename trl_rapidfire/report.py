@@ -225,6 +225,7 @@ def search_rows(events: Sequence[Any], start: float | None = None) -> list[list[
         return []
     start = min(e.time for e in events) if start is None else start
     told = {e.run: e.detail for e in events if e.event in ("told", "not told")}
+    proposed = {e.run for e in events if e.event == "proposed"}
     rows = []
     for e in events:
         if e.event == "proposed":
@@ -235,6 +236,6 @@ def search_rows(events: Sequence[Any], start: float | None = None) -> list[list[
                 params = e.detail
             rows.append([e.trial, e.run, f"+{e.time - start:.1f} s", params,
                          told.get(e.run, "-")])
-        elif e.event == "told" and e.run not in {r[1] for r in rows} and e.trial:
+        elif e.event == "told" and e.run not in proposed and e.trial:
             rows.append([e.trial, e.run, "(a person's clone)", "", e.detail])
     return rows
