@@ -143,6 +143,44 @@ def test_a_disk_fault_stops_the_experiment_and_a_rerun_ends_bitwise_equal(
         assert all(torch.equal(want[run][k], got[run][k]) for k in want[run]), run
 
 
+@pytest.mark.slow
+def test_a_nearly_full_output_dir_is_a_fault_and_a_rerun_ends_bitwise_equal(model_path,
+                                                                          tmp_path):
+    """The whole output_dir on a 3 MB tmpfs, nearly full: torch.save meets it as a
+    RuntimeError ("basic_ios::clear: iostream error", "unexpected pos 64 vs 0"), which must
+    stop the experiment, not fail every run for good."""
+    ref = _trainer(model_path, tmp_path / "ref")
+    ref.train()
+    want = _adapters(tmp_path / "ref")
+
+    out = tmp_path / "exp"
+    out.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(out)],
+                       check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as err:
+        pytest.skip(f"cannot mount a tmpfs here: {err}")
+    try:
+        # Room for the state and a little more, not for a chunk's checkpoints.
+        free = os.statvfs(out).f_bavail * os.statvfs(out).f_frsize
+        (out / "ballast").write_bytes(b"\0" * (free - 100 * 1024))
+        broken = _trainer(model_path, out)
+        with pytest.raises(ExperimentFault, match="cannot write the .*(torch could not write "
+                                                  "a file|No space left on device)"):
+            broken.train()
+        state = FileStore(out / ".rapidfire", "", create=False).peek().to_json()
+        assert {r["status"] for r in state["runs"].values()} <= {"pending", "running"}
+        (out / "ballast").unlink()  # space freed
+        again = _trainer(model_path, out)
+        again.train()
+        assert {r.status.value for r in again.runs} == {"completed"}
+        got = _adapters(out)
+        for run in want:
+            assert all(torch.equal(want[run][k], got[run][k]) for k in want[run]), run
+    finally:
+        subprocess.run(["umount", "-l", str(out)], check=False, capture_output=True)
+
+
 def test_an_unwritable_state_folder_is_one_clear_error(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
@@ -181,3 +219,8 @@ def test_what_counts_as_a_disk_fault():
     assert disk_fault(denied, ours=True)
     assert disk_fault(ValueError("learning rate is NaN")) is None
     assert disk_fault(KeyError(str(uuid.uuid4()))) is None
+    # torch.save on a nearly full disk: only its C++ stream's words say so.
+    for words in ("basic_ios::clear: iostream error",
+                  "[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0"):
+        assert "disk is most likely full" in disk_fault(RuntimeError(words), ours=True)
+    assert disk_fault(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None

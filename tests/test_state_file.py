@@ -188,3 +188,25 @@ def test_an_edited_journal_line_is_held_to_the_state_files_rules(tmp_path):
         pass
     with pytest.raises(StoreError):
         store.peek()
+
+
+def test_each_transaction_opens_the_journal_anew(tmp_path, monkeypatch):
+    """On NFS only an open() revalidates what the client caches of a file (close-to-open
+    consistency): a descriptor kept open from an earlier transaction can miss another
+    machine's append. So every transaction opens the journal again under the lock."""
+    store = FileStore(tmp_path, fingerprint="fp")
+    opened = []
+    real_open = os.open
+
+    def counting_open(path, flags, *args):
+        if str(path).endswith("scheduler.journal"):
+            opened.append(path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    for i in range(3):
+        with store.transaction() as st:
+            st.add_run(f"run-{i}", 2)
+    assert len(opened) >= 3
+    other = FileStore(tmp_path, fingerprint="fp", create=False)
+    assert sorted(other.read().runs) == ["run-0", "run-1", "run-2"]

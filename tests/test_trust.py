@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from state_files import add_run, read_state
 
 from trl_rapidfire import List, RFConfigError, RFSFTConfig, RFSFTTrainer
 from trl_rapidfire.cli import main as cli_main
@@ -162,25 +163,15 @@ def test_clone_overrides_lets_the_author_allow_more(tmp_path):
     assert second.result.startswith("error: ") and "trust_remote_code" in second.result
 
 
-def _state(out: Path) -> tuple[Path, dict]:
-    path = out / ".rapidfire" / "scheduler.json"
-    return path, json.loads(path.read_text())
-
-
 def _add_clone(doc: dict, name: str, op: str) -> None:
-    entry = dict(doc["runs"]["run-0"], name=name, status="pending", chunks_done=0,
-                 global_step=0, error=None)
-    doc["runs"][name] = entry
-    doc["chunks_total"][name] = doc["chunks_total"]["run-0"]
-    doc["order"].append(name)
-    doc["clones"][name] = {"parent": "run-0", "op": op}
+    add_run(doc, name, {"parent": "run-0", "op": op})
 
 
 def test_a_crafted_clone_in_the_state_file_cannot_load_code(tmp_path, evil_model):
     folder, marker = evil_model
     out = tmp_path / "exp"
     _trainer(out).train()
-    path, doc = _state(out)
+    path, doc = read_state(out)
     _add_clone(doc, "run-4", _evil_op(folder))
     path.write_text(json.dumps(doc))
     again = _trainer(out)
@@ -200,7 +191,7 @@ def test_run_names_from_the_state_file_never_become_paths_outside(tmp_path, wher
     victim.mkdir()
     (victim / "keep.txt").write_text("precious")
     _trainer(out).train()
-    path, doc = _state(out)
+    path, doc = read_state(out)
     bad = "../../../../victim"
     if where == "clones":
         _add_clone(doc, bad, 'clone {"learning_rate": 1e-4}')

@@ -236,7 +236,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_op(args: argparse.Namespace) -> int:
-    from .control import deliver_op
+    from .control import deliver_op, replaced_warning
+    from .outside_text import NotJSON, loads
 
     if args.command == "clone":
         overrides = {}
@@ -245,13 +246,15 @@ def _cmd_op(args: argparse.Namespace) -> int:
             if not sep or not key:
                 raise ValueError(f"--set takes KEY=VALUE, got {item!r}")
             try:
-                overrides[key] = json.loads(raw)
-            except json.JSONDecodeError:
+                overrides[key] = loads(raw, what=f"the value of --set {key}", max_depth=8)
+            except NotJSON:
                 overrides[key] = raw  # a bare word is a string
         op = f"{'clone-warm' if args.warm else 'clone'} {json.dumps(overrides)}"
     else:
         op = args.command
     sent = deliver_op(args.run, op, next_run=args.next_run, **_where(args))
+    if sent.replaced is not None:
+        print(f"warning: {replaced_warning(args.run, sent.replaced, op)}", file=sys.stderr)
     when = "at its next chunk boundary" if sent.training else "when its script trains again"
     if sent.run_id is None:  # an untracked experiment: the op is a file in its folder
         print(f"{args.run}: {op} left in {sent.target}; it applies {when} (see "

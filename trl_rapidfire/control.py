@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 import time
+import typing
+import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,7 @@ from .csv_logs import append_row
 from .experiments import Experiment, experiment_runs, find_experiment
 from .folder_control import Inbox, alive, folder_runs, is_untracked
 from .knobs import List, is_knob
+from .outside_text import OP_TEXT_BYTES, OutsideTextError, check_size, loads
 from .trust import UntrustedValue, check_tag_override
 
 __all__ = [
@@ -61,6 +65,9 @@ __all__ = [
 
 VERBS = ("stop", "resume", "delete", "clone", "clone-warm")
 _EXPERIMENT_WIDE = frozenset({"output_dir", "num_chunks", "cache_budget_bytes", "report_to"})
+# An override's value is a number, a name, a list of names or a mapping of numbers (3 levels
+# with the overrides' own object); a little room beyond that, nothing like a parser's limit.
+_OP_DEPTH = 8
 _HINT = 'use one of: stop, resume, delete, clone {"knob": value}, clone-warm {"knob": value}'
 
 
@@ -93,6 +100,10 @@ def parse_op(text: Any) -> Op:
     """Parse op text (``"stop"``, ``'clone-warm {"learning_rate": 1e-4}'``, ...)."""
     if not isinstance(text, str) or not text.strip():
         raise OpError(f"empty op: {_HINT}")
+    try:
+        check_size(text, what="the op", max_bytes=OP_TEXT_BYTES)
+    except OutsideTextError as err:
+        raise OpError(str(err)) from None
     verb, _, rest = text.strip().partition(" ")
     verb = verb.lower()
     rest = rest.strip()
@@ -105,10 +116,10 @@ def parse_op(text: Any) -> Op:
     if not rest:
         return Op(verb, {})
     try:
-        overrides = json.loads(rest)
-    except json.JSONDecodeError as err:
-        raise OpError(f"`{verb}` overrides are not valid JSON ({err.msg} at column "
-                      f"{err.colno}): {rest!r}") from None
+        overrides = loads(rest, what=f"the argument of `{verb}`", max_depth=_OP_DEPTH)
+    except OutsideTextError as err:
+        shown = rest if len(rest) <= 200 else rest[:200] + "..."
+        raise OpError(f"{err}: {shown!r}") from None
     if not isinstance(overrides, dict):
         raise OpError(f"`{verb}` overrides must be a JSON object like "
                       f'{{"learning_rate": 1e-4}}, got {rest!r}')
@@ -192,6 +203,7 @@ def resolve_overrides(
             if attr not in names:
                 raise OpError(f"{key!r}: {type(base).__name__} has no field {attr!r}")
             _check_json_value(key, value, getattr(base, attr))
+            value = _as_integer(key, value, type(base), attr)
             try:
                 # replace() re-runs the config's own validation (__post_init__).
                 base = dataclasses.replace(copy.deepcopy(base), **{attr: value})
@@ -202,11 +214,37 @@ def resolve_overrides(
         if is_knob(value):
             raise OpError(f"{key!r}: give one value, not a knob")
         _check_json_value(key, value, current)
+        if config_class is not None and name in config_fields and name not in trainer_args:
+            value = _as_integer(key, value, config_class, name)
         out[name] = value
     return out
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _as_integer(key: str, value: Any, owner: type, name: str) -> Any:
+    """``value`` for a field annotated ``int``: a whole number (JSON's ``16.0`` becomes
+    ``16``); ``1.5`` for a LoRA rank would reach torch as a tensor size and fail there, in a
+    message about tensors."""
+    if isinstance(value, float) and integer_field(owner, name):
+        if not value.is_integer():
+            raise OpError(f"{key!r} takes a whole number, got {value!r}")
+        return int(value)
+    return value
+
+
+@functools.cache
+def integer_field(owner: type, name: str) -> bool:
+    """Whether the dataclass ``owner``'s field ``name`` is annotated as an integer (``int``
+    or ``int | None``; not ``int | float``)."""
+    try:
+        hint = typing.get_type_hints(owner).get(name)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: nothing known
+        return False
+    kinds = set(typing.get_args(hint)) if typing.get_args(hint) else {hint}
+    kinds.discard(type(None))
+    return kinds == {int}
 
 
 def _check_json_value(key: str, value: Any, current: Any) -> None:
@@ -287,11 +325,14 @@ class Delivery:
             at the script's next ``train()``).
         run_id: the MLflow run tagged; ``None`` for an untracked experiment (the op is a file
             in its inbox, :mod:`.folder_control`).
+        replaced: the op that was waiting on the run, not answered yet, which this one
+            replaced (a run has one op tag: the experiment never sees the one replaced).
     """
 
     target: str
     training: bool
     run_id: str | None = None
+    replaced: str | None = None
 
 
 def check_op(run: str, op: str, status: str | None = None) -> Op:
@@ -310,8 +351,18 @@ def check_op(run: str, op: str, status: str | None = None) -> Op:
 
 def send_op(run: str, op: str, *, next_run: bool = False, **where: Any) -> str | None:
     """Send ``op`` to ``run`` (see :func:`deliver_op`); returns the MLflow run id it was set
-    on (``None`` for an untracked experiment)."""
-    return deliver_op(run, op, next_run=next_run, **where).run_id
+    on (``None`` for an untracked experiment). Warns when it replaced an op not yet applied."""
+    sent = deliver_op(run, op, next_run=next_run, **where)
+    if sent.replaced is not None:
+        warnings.warn(replaced_warning(run, sent.replaced, op), RuntimeWarning, stacklevel=2)
+    return sent.run_id
+
+
+def replaced_warning(run: str, replaced: str, op: str) -> str:
+    """What a sender is told when its op replaced one the experiment had not answered."""
+    return (f"{run} had the op {replaced!r} waiting, not applied yet; {op!r} replaced it, so "
+            f"{replaced!r} will not be applied. A run holds one op at a time: send the next "
+            "once the last is answered (its rapidfire.op.result, or trl-rapidfire status).")
 
 
 def _not_training(what: str, op: str) -> LookupError:
@@ -352,8 +403,10 @@ def deliver_op(run: str, op: str, *, next_run: bool = False, **where: Any) -> De
             check_op(run, op, tracked.tags.get(STATUS_TAG))
         except LookupError as err:
             raise LookupError(f"{err} (experiment {exp.describe()})") from None
+        waiting = tracked.tags.get(OP_TAG) or None
         open_catalog(exp.uri).set_tag(tracked.run_id, OP_TAG, op)
-        return Delivery(f"experiment {exp.describe()}", exp.training, tracked.run_id)
+        return Delivery(f"experiment {exp.describe()}", exp.training, tracked.run_id,
+                        replaced=waiting)
     names = [r.tags.get(RUN_TAG) for r in runs]
     raise LookupError(f"no run named {run!r} in experiment {exp.name!r}; runs: {names}")
 

@@ -90,6 +90,8 @@ def check_sft_dataset(
         present = set(columns) | ({"text"} if formatting_func is not None else set())
         if "prompt" in present:
             if "completion" in present:
+                for column in ("prompt", "completion"):
+                    _check_text_column(name, ds, column)
                 continue
             raise PreflightError(
                 f"{name} has a 'prompt' column but no 'completion' (columns: {columns}): SFT's "
@@ -98,7 +100,11 @@ def check_sft_dataset(
             )
         conversational = _messages(row.get("messages")) or isinstance(
             row.get("conversations"), list)
-        if conversational or text_field in present:
+        if conversational:
+            continue
+        if text_field in present:
+            if formatting_func is None:
+                _check_text_column(name, ds, text_field)
             continue
         guess = _column_guess(row, columns, ("content", "body", "document", "sentence"))
         fix = (f"Set dataset_text_field={guess!r}, or rename the column: "
@@ -110,6 +116,37 @@ def check_sft_dataset(
             f"are {columns}. SFT reads a text column named by dataset_text_field, a 'messages' "
             f"column of chat messages, or 'prompt' + 'completion' columns. {fix}"
         )
+
+
+def _check_text_column(label: str, dataset: Any, column: str) -> None:
+    """Every row of a text column of an Arrow-backed dataset holds text (or, for a prompt or
+    completion, chat messages): TRL fails on a ``None`` or a number only when the run's
+    trainer prepares the data, with ``'NoneType' object has no attribute 'endswith'``."""
+    from datasets import Dataset
+
+    if not isinstance(dataset, Dataset) or column not in dataset.column_names:
+        return  # a list, a streamed dataset: TRL's own error stands
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    # The rows the dataset shows (after any select or filter), as Arrow: no Python loop.
+    values = dataset.with_format("arrow")[column]
+    kind = values.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_struct(kind):
+        return  # conversational: chat messages
+    fix = (f"Drop or fill those rows first, e.g. {label}.filter(lambda row: "
+           f"isinstance(row[{column!r}], str)).")
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            or pa.types.is_null(kind)):
+        raise PreflightError(
+            f"{label}: column {column!r} holds {kind} values, not text: SFT tokenizes it as "
+            f"text. Convert it (e.g. {label}.map(lambda row: {{{column!r}: "
+            f"str(row[{column!r}])}})) or name a text column in dataset_text_field.")
+    if values.null_count:
+        first = pc.index(pc.is_null(values), True).as_py()
+        raise PreflightError(
+            f"{label}: column {column!r} is empty (None) in {values.null_count} row(s), the "
+            f"first at row {first}; SFT needs text in every row. {fix}")
 
 
 def check_dpo_dataset(dataset: Any, *, label: str = "train_dataset") -> None:

@@ -15,6 +15,7 @@ itself restores them.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -60,6 +61,11 @@ def commit_folder(tmp: Path, target: str | os.PathLike) -> Path:
         if path.is_file():
             _fsync_file(path)
     replace_folder(tmp, target)
+    # Attempts of processes killed while writing this folder (a kill during a run's final
+    # save leaves .tmp-final-<pid>): the folder is whole now, they are of no use.
+    for stale in target.parent.glob(f".tmp-{glob.escape(target.name)}-*"):
+        if stale != tmp and stale.name.rsplit("-", 1)[-1] != str(os.getpid()):
+            shutil.rmtree(stale, ignore_errors=True)
     return target
 
 

@@ -9,7 +9,6 @@ parsed as CSV or JSON, and nothing is written (not even a missing MLflow store).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -20,10 +19,13 @@ from typing import Any
 
 from .csv_logs import read_rows
 from .layout import Layout, run_order
+from .outside_text import STATE_BYTES
+from .own_files import read_json
 from .schedule import ChunkRecord, read_schedule_csv
 from .state_file import FileStore
 from .store import StoreError
 from .tracking_tags import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG, STATUS_TAG, resolve_tracking_uri
+from .trust import UntrustedValue, is_run_name
 
 __all__ = [
     "TRAIN_METRIC",
@@ -137,8 +139,8 @@ class ExperimentData:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return read_json(path, max_bytes=STATE_BYTES)
+    except (OSError, ValueError):  # missing, a link, too large or deep, not JSON
         return None
 
 
@@ -212,11 +214,15 @@ def _points(log_history: Any, keys: Iterable[str]) -> dict[str, list[tuple[int, 
 
 
 def _disk_state(output_dir: Path, run: str) -> Path | None:
-    final = Layout(output_dir).runs_root / run / "final" / "trainer_state.json"
+    layout = Layout(output_dir)
+    try:  # a run name read from the folder never leads a read out of it
+        final = layout.final_dir(run) / "trainer_state.json"
+        folder = layout.checkpoints(run)
+    except UntrustedValue:
+        return None
     if final.is_file():
         return final
     best: tuple[int, Path] | None = None
-    folder = Layout(output_dir).checkpoint_root / run
     if folder.is_dir():
         for child in folder.iterdir():
             match = _CHECKPOINT.fullmatch(child.name)
@@ -326,6 +332,8 @@ def load_experiment(
     for folder in (root / "runs", root / ".rapidfire" / "checkpoints"):
         if folder.is_dir():
             names |= {p.name for p in folder.iterdir() if p.is_dir()}
+    # Names come from files, folders and tags others may write: only run names are read.
+    names = {n for n in names if is_run_name(n)}
     on_disk = _disk_histories(root, sorted(names - set(tracked)), keys)
 
     runs = {}

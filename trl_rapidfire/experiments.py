@@ -10,7 +10,6 @@ experiment that is training; none or several is an error that lists them, never 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 
 from .layout import Layout, run_order
 from .tracked_runs import RunCatalog, TrackedRun, open_catalog, sqlite_path
+from .tracking_tags import read_experiment_id
 
 __all__ = ["Experiment", "experiment_runs", "find_experiment", "list_experiments"]
 
@@ -92,14 +92,10 @@ def _rf_id_of(output_dir: str | os.PathLike) -> str:
         raise LookupError(f"{output_dir} holds no trl-rapidfire experiment ({marker} is "
                           "missing)")
     try:
-        rf_id = json.loads(marker.read_text())["id"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise LookupError(f"{marker} is damaged ({err}); it holds the experiment's "
-                          "id") from None
-    # It goes into a search filter: an id is hex, nothing that could change the query.
-    if not isinstance(rf_id, str) or not re.fullmatch(r"[0-9a-f]{8,64}", rf_id):
-        raise LookupError(f"{marker} holds {rf_id!r}, not an experiment id")
-    return rf_id
+        return read_experiment_id(marker)
+    except ValueError as err:
+        raise LookupError(f"{err}; restore it, or reach the experiment by its MLflow name "
+                          "(--experiment)") from None
 
 
 def list_experiments(

@@ -65,7 +65,9 @@ class Flock:
         while True:
             if held is None:
                 held = self._local.held = _Descriptor(
-                    os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
+                    # Never through a link someone left at the lock's path.
+                    os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                            0o644))
             try:
                 fcntl.flock(held.fd, fcntl.LOCK_EX)
             except OSError as err:

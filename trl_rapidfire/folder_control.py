@@ -11,6 +11,7 @@ atomically (a temporary name, then a rename), so the training process never read
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -18,12 +19,32 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .layout import Layout, run_order
+from .outside_text import OP_TEXT_BYTES, loads
+from .own_files import read_bytes, write_atomic
 from .runs import RunState
+from .trust import UntrustedValue
+from .workers import process_alive
 
-__all__ = ["Inbox", "Liveness", "alive", "folder_runs", "is_untracked", "mark_alive",
-           "mark_ended"]
+if TYPE_CHECKING:
+    from .store import ExperimentState
+
+__all__ = ["Inbox", "InboxOp", "Liveness", "alive", "folder_runs", "is_untracked", "mark_alive",
+           "mark_ended", "training_now"]
+
+# An op file is {"run": ..., "op": ...}: the op's text and a little more.
+_OP_FILE_BYTES = OP_TEXT_BYTES + 1024
+
+@dataclass(frozen=True)
+class InboxOp:
+    """An op taken from the inbox: its run and text, or ``run=""`` and why the file is not an
+    op. ``path`` is the file, removed (:meth:`Inbox.done`) once the op is answered."""
+
+    run: str
+    op: str
+    path: Path | None = None
 
 
 class Inbox:
@@ -34,15 +55,16 @@ class Inbox:
     """
 
     def __init__(self, layout: Layout) -> None:
+        self.layout = layout
         self.folder = layout.inbox
+        self._refusal_said = False
 
     def post(self, run: str, op: str) -> Path:
         """Leave ``op`` for ``run``; returns the file. The name orders ops by arrival."""
+        self.layout.check_links()
         self.folder.mkdir(parents=True, exist_ok=True)
         name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
-        tmp = self.folder / f".{name}.tmp"
-        tmp.write_text(json.dumps({"run": run, "op": op}), encoding="utf-8")
-        os.replace(tmp, self.folder / name)
+        write_atomic(self.folder / name, json.dumps({"run": run, "op": op}))
         return self.folder / name
 
     def has_mail(self) -> bool:
@@ -55,32 +77,48 @@ class Inbox:
             with os.scandir(self.folder) as entries:
                 return sum(1 for e in entries
                            if e.name.endswith(".json") and not e.name.startswith("."))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return 0
 
-    def take(self) -> list[tuple[str, str]]:
-        """Remove and return every waiting op as ``(run, op text)``, oldest first. A file that
-        is not such an op comes back as ``("", <why>)``, to be answered as a bad op."""
+    def take(self) -> list[InboxOp]:
+        """Every waiting op, oldest first, left in place until :meth:`done`. A file that is
+        not such an op comes back with ``run=""`` and why, to be answered as a bad op."""
+        try:
+            self.layout.check_inbox()
+        except UntrustedValue as err:
+            if self._refusal_said:
+                return []
+            self._refusal_said = True  # said once, in the op log; nothing there is read
+            return [InboxOp("", f"<{err}>")]
         try:
             names = sorted(n for n in os.listdir(self.folder)
                            if n.endswith(".json") and not n.startswith("."))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
         ops = []
         for name in names:
             path = self.folder / name
+            what = f"op file {name}"
             try:
-                doc = json.loads(path.read_text(encoding="utf-8"))
+                doc = loads(read_bytes(path, max_bytes=_OP_FILE_BYTES, what=what), what=what,
+                            max_bytes=_OP_FILE_BYTES, max_depth=2)
+                if not isinstance(doc, dict) or set(doc) != {"run", "op"}:
+                    raise ValueError("it is not {\"run\": ..., \"op\": ...}")
                 run, op = doc["run"], doc["op"]
                 if not isinstance(run, str) or not isinstance(op, str):
-                    raise TypeError("run and op must be text")
-                ops.append((run, op))
+                    raise ValueError("run and op must be text")
+                ops.append(InboxOp(run, op, path))
             except FileNotFoundError:
                 continue
-            except (ValueError, KeyError, TypeError) as err:
-                ops.append(("", f"<unreadable op file {name}: {err}>"))
-            path.unlink(missing_ok=True)
+            except ValueError as err:  # OutsideTextError and LinkRefused are ValueErrors
+                ops.append(InboxOp("", f"<unreadable op file {name}: {err}>", path))
         return ops
+
+    def done(self, op: InboxOp) -> None:
+        """``op`` is answered: its file goes (a link is removed, never its target)."""
+        if op.path is not None:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                os.unlink(op.path)
 
 
 @dataclass(frozen=True)
@@ -92,34 +130,46 @@ class Liveness:
     since: float
 
 
+# The folders this process is training in now (a notebook's train(blocking=False) goes on
+# while the next cell builds another experiment): alive.json names the process, not the call.
+_TRAINING_HERE: set[str] = set()
+
+
 def mark_alive(layout: Layout) -> None:
     """This process trains the experiment from now on (its first worker says so)."""
+    _TRAINING_HERE.add(os.path.realpath(layout.output_dir))
     path = layout.alive_file
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                               "since": time.time()}), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                   "since": time.time()}))
 
 
 def mark_ended(layout: Layout) -> None:
     """The ``train()`` call that :func:`mark_alive` announced ended."""
-    path = layout.alive_file
+    _TRAINING_HERE.discard(os.path.realpath(layout.output_dir))
+    who = _read_alive(layout)
+    if who is not None and who.pid == os.getpid() and who.host == socket.gethostname():
+        with contextlib.suppress(OSError):
+            layout.alive_file.unlink()
+    # gone, or another process's (a later run of the script): not ours to remove
+
+
+def _read_alive(layout: Layout) -> Liveness | None:
     try:
-        if json.loads(path.read_text(encoding="utf-8")).get("pid") == os.getpid():
-            path.unlink()
-    except (OSError, ValueError, AttributeError):
-        pass  # gone, or another process's (a later run of the script): not ours to remove
+        doc = loads(read_bytes(layout.alive_file), what=str(layout.alive_file), max_depth=2)
+        who = Liveness(str(doc["host"]), int(doc["pid"]), float(doc["since"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    # A pid of 0 or below names a process group to kill(); beyond pid_max, no process.
+    return who if 0 < who.pid < 1 << 22 else None
 
 
 def alive(layout: Layout) -> Liveness | None:
     """The process training the experiment, if one is: on this machine its pid must be alive
     (a process killed outright leaves the file behind); on another machine the file is taken
     at its word."""
-    try:
-        doc = json.loads(layout.alive_file.read_text(encoding="utf-8"))
-        who = Liveness(str(doc["host"]), int(doc["pid"]), float(doc["since"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    who = _read_alive(layout)
+    if who is None:
         return None
     if who.host == socket.gethostname():
         try:
@@ -129,6 +179,27 @@ def alive(layout: Layout) -> Liveness | None:
         except PermissionError:
             pass  # alive, another user's
     return who
+
+
+def training_now(layout: Layout, state: ExperimentState | None) -> str | None:
+    """Who else trains the experiment in ``layout``'s folder at this moment, said for a
+    person, or ``None``: a live process on this machine (``alive.json``), or a worker on
+    another machine whose claim's lease has not run out (``state``, the shared state)."""
+    here, me = socket.gethostname(), os.getpid()
+    if os.path.realpath(layout.output_dir) in _TRAINING_HERE:
+        return "this process (a train() that has not returned, e.g. train(blocking=False))"
+    who = alive(layout)
+    if who is not None and who.host == here and who.pid != me:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(who.since))
+        return f"process {who.pid} on this machine, training since {since}"
+    if state is not None:
+        now = time.time()
+        for run, claim in state.claims.items():
+            if claim.lease_until > now and process_alive(claim.worker) is None:
+                host = claim.worker.rsplit(":", 2)[0]
+                return (f"a worker on {host}, training {run} (its lease runs for another "
+                        f"{claim.lease_until - now:.0f} s)")
+    return None
 
 
 def is_untracked(output_dir: str | os.PathLike) -> bool:

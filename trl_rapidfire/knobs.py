@@ -386,13 +386,21 @@ def _knob_from_spec(kind: str, spec: Any, field: str | None) -> Knob:
         kwargs: dict[str, Any] = {"log": spec.get("log", False)}
         if dtype is not None:
             kwargs["dtype"] = int if dtype == "int" else float
-        return Range(spec["low"], spec["high"], **kwargs)
+        return _yaml_range(field, spec["low"], spec["high"], **kwargs)
     if isinstance(spec, (list, tuple)) and len(spec) == 2:
-        return Range(spec[0], spec[1])
+        return _yaml_range(field, spec[0], spec[1])
     raise KnobError(
         f"Range spec must be {{low: .., high: ..}} or [low, high], got {spec!r}. "
         f"In YAML: {_yaml_form(field, 'Range', None)}."
     )
+
+
+def _yaml_range(field: str | None, low: Any, high: Any, **kwargs: Any) -> Range:
+    """``Range(low, high, ...)`` read from YAML: an error says how YAML writes one."""
+    try:
+        return Range(low, high, **kwargs)
+    except KnobError as err:
+        raise KnobError(f"{err} In YAML: {_yaml_form(field, 'Range', None)}.") from None
 
 
 def describe_value(value: Any) -> str:

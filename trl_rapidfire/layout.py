@@ -28,7 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .trust import check_run_name, inside
+from .own_files import LinkRefused
+from .trust import UntrustedValue, check_run_name, inside
 
 __all__ = ["Layout", "run_index", "run_name", "run_order"]
 
@@ -130,12 +131,46 @@ class Layout:
 
     def warm_dir(self, run: str) -> Path:
         """Where a warm clone's starting state is kept for the other workers and re-runs."""
-        return self._own(self.state_dir / "warm" / check_run_name(run))
+        return self._own(self.warm_root / check_run_name(run))
 
     @property
     def previous_root(self) -> Path:
         """``previous/``: earlier experiments of this output_dir, moved aside, one folder each."""
         return self.output_dir / "previous"
+
+    @property
+    def warm_root(self) -> Path:
+        return self.state_dir / "warm"
+
+    def folders(self) -> tuple[Path, ...]:
+        """The folders the package makes and uses under ``output_dir``."""
+        return (self.state_dir, self.inbox, self.checkpoint_root, self.warm_root, self.cache,
+                self.runs_root, self.previous_root)
+
+    def own_files(self) -> tuple[Path, ...]:
+        """The files the package keeps under ``output_dir`` (never links)."""
+        state = self.scheduler_state
+        return (self.schedule, self.ops_log, self.search_log, state,
+                state.with_name("scheduler.journal"), state.with_name(state.name + ".lock"),
+                self.alive_file, self.experiment_marker, self.study_journal, self.study_lock)
+
+    def check_links(self) -> None:
+        """Refuse (:class:`~trl_rapidfire.trust.UntrustedValue`, naming the path) a folder
+        of the experiment that is a link leading out of ``output_dir``, and any link where the
+        experiment keeps a file: nothing it reads, writes, moves or deletes may lie outside.
+        A few ``lstat`` calls; done when an experiment is built and when it starts training."""
+        for folder in self.folders():
+            self._own(folder)
+        for path in self.own_files():
+            if path.is_symlink():
+                raise LinkRefused(f"{path} is a symbolic link (to {os.readlink(path)}); "
+                                  "trl-rapidfire never follows a link where it keeps its own "
+                                  "files. Remove the link and run again.")
+
+    def check_inbox(self) -> None:
+        """The op inbox lies inside ``output_dir`` (checked before every read of it)."""
+        self._own(self.state_dir)
+        self._own(self.inbox)
 
     def move_aside(self) -> Path | None:
         """Move this folder's experiment (its state, schedule, op log and runs) into a new
@@ -145,6 +180,7 @@ class Layout:
                                self.runs_root) if p.exists()]
         if not present:
             return None
+        self.check_links()  # previous/ (or what moves) a link out: nothing is moved
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         target = self.previous_root / stamp
         n = 1
@@ -157,5 +193,12 @@ class Layout:
         return target
 
     def _own(self, path: Path) -> Path:
-        inside(self.output_dir, path)
+        try:
+            inside(self.output_dir, path)
+        except UntrustedValue:
+            target = os.path.realpath(path)
+            raise UntrustedValue(
+                f"{path} leads out of {self.output_dir} (to {target}): trl-rapidfire reads, "
+                "writes, moves and deletes only inside the experiment's folder. Remove the "
+                "link and run again.") from None
         return path

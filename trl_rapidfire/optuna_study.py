@@ -22,7 +22,8 @@ run, trial, detail), which ``trl-rapidfire status`` and the report read without 
 from __future__ import annotations
 
 import contextlib
-import json
+import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,13 +34,18 @@ from .csv_logs import append_row
 from .layout import Layout, run_name
 from .optuna_space import SearchSpace, params_text
 from .optuna_support import quiet_optuna, require_optuna
+from .outside_text import SMALL_FILE_BYTES, STATE_BYTES, OutsideTextError, loads
+from .own_files import open_nofollow
 from .policies import RunHistory, chunk_values
 from .runs import RunStatus
 from .search import Proposal
+from .store import StoreError
 
 __all__ = ["STUDY_NAME", "SEARCH_LOG_FIELDS", "StudyBook"]
 
 STUDY_NAME = "trl-rapidfire"
+# A proposal's params are {name: number, name or index}: one level, and no more is read.
+_PARAMS_DEPTH = 2
 SEARCH_LOG_FIELDS = ("time", "event", "run", "trial", "detail")
 
 
@@ -69,9 +75,11 @@ class StudyBook:
         self.path = layout.study_journal
         self.log_path = layout.search_log
         self._lock = FileLock(str(layout.study_lock))
+        self._checked = 0  # bytes of the journal already read as data (_check_journal)
         journal = optuna.storages.journal
-        self.storage = optuna.storages.JournalStorage(journal.JournalFileBackend(str(self.path)))
-        with self._locked(), quiet_optuna():
+        with self._locked(), quiet_optuna():  # the lock checks the journal, then Optuna reads
+            self.storage = optuna.storages.JournalStorage(
+                journal.JournalFileBackend(str(self.path)))
             self.study = optuna.create_study(study_name=STUDY_NAME, storage=self.storage,
                                              direction=direction, load_if_exists=True)
         if self.study.direction.name.lower() != direction:
@@ -82,7 +90,39 @@ class StudyBook:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         with self._lock:
+            self._check_journal()
             yield
+
+    def _check_journal(self) -> None:
+        """Under the lock, before Optuna reads it: the lines appended to the journal since the
+        last look are JSON within the bounds of any state file (Optuna's parser recurses, and
+        a bad line would reach the user as a bare ``JSONDecodeError``); a damaged line, or a
+        link where the journal is, is a :class:`StoreError` naming the file."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            self._checked = 0
+            return
+        if st.st_size < self._checked:  # replaced by another (restored) journal: read it all
+            self._checked = 0
+        if st.st_size == self._checked and not stat.S_ISLNK(st.st_mode):
+            return
+        try:
+            fd = open_nofollow(self.path, os.O_RDONLY)
+        except ValueError as err:  # a link, or not a file
+            raise StoreError(str(err)) from None
+        try:
+            data = os.pread(fd, st.st_size - self._checked, self._checked)
+        finally:
+            os.close(fd)
+        end = data.rfind(b"\n") + 1  # a line still being written (or torn) waits
+        for raw in data[:end].splitlines():
+            try:
+                loads(raw, what="a line", max_bytes=STATE_BYTES)
+            except OutsideTextError as err:
+                raise StoreError(f"{self.path} has a damaged line ({err}): restore it, or use "
+                                 "another output_dir") from None
+        self._checked += end
 
     def _trial_id(self, number: int) -> int:
         return self.storage.get_trial_id_from_study_id_trial_number(self._study_id, number)
@@ -129,10 +169,8 @@ class StudyBook:
     def from_recipe(self, name: str, trial: int, params: str) -> Proposal:
         """The run ``name`` as its recipe has it (trial ``trial``, the sampler's ``params``
         as JSON text). Raises ``ValueError`` for params that are not this search's."""
-        try:
-            values = json.loads(params)
-        except ValueError as err:
-            raise ValueError(f"its params are not JSON: {err}") from None
+        values = loads(params, what="its params", max_bytes=SMALL_FILE_BYTES,
+                       max_depth=_PARAMS_DEPTH)
         if not isinstance(values, dict):
             raise ValueError(f"its params are not a mapping: {params!r}")
         knobs = self.space.knobs(values)

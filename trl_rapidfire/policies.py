@@ -123,6 +123,13 @@ class Policy(ABC):
     def name(self) -> str:
         return type(self).__name__
 
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The logged metrics this policy judges runs by (its ``metric``, if it has one): an
+        ``eval_*`` one needs every run to evaluate, which is checked before anything trains."""
+        metric = getattr(self, "metric", None)
+        return (metric,) if isinstance(metric, str) else ()
+
     @abstractmethod
     def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
         """``run`` has just finished a chunk; ``context`` shows every run as of now."""
@@ -159,6 +166,10 @@ class Policies(Policy):
 
     def admits_new_runs(self, context: Context) -> bool:
         return all(p.admits_new_runs(context) for p in self.policies)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(m for p in self.policies for m in p.metrics))
 
 
 def metric_at(history: RunHistory, metric: str, chunks: int) -> float | None:
@@ -208,6 +219,13 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
 
 
+def check_metric(metric: Any) -> None:
+    """A policy's metric is the name of a logged value (``eval_loss``, ``loss``, ...)."""
+    if not isinstance(metric, str) or not metric.strip():
+        raise ValueError(f"metric must name a logged value such as 'eval_loss' or 'loss', got "
+                         f"{metric!r}")
+
+
 class SuccessiveHalving(Policy):
     """Asynchronous successive halving (ASHA) over chunks.
 
@@ -238,6 +256,7 @@ class SuccessiveHalving(Policy):
 
     def __init__(self, metric: str = "eval_loss", mode: str = "min", eta: int = 2,
                  min_chunks: int = 1) -> None:
+        check_metric(metric)
         _check_mode(mode)
         if not isinstance(eta, int) or eta < 2:
             raise ValueError(f"eta must be an integer >= 2, got {eta!r}")
@@ -339,6 +358,7 @@ class PopulationBased(Policy):
             ):
                 raise ValueError(f"mutations[{knob!r}] must be a List, a Range or a factor "
                                  f"> 1, got {spec!r}")
+        check_metric(metric)
         self.metric, self.mode, self.interval = metric, mode, interval_chunks
         self.quantile, self.mutations, self.seed = quantile, dict(mutations), seed
 
@@ -402,7 +422,8 @@ class Budget(Policy):
             raise ValueError("Budget needs max_wall_seconds and/or max_total_steps")
         for name, value in (("max_wall_seconds", max_wall_seconds),
                             ("max_total_steps", max_total_steps)):
-            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, (int, float)) or not math.isfinite(value) or value <= 0):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         self.max_wall_seconds, self.max_total_steps = max_wall_seconds, max_total_steps
 

@@ -3,7 +3,6 @@ the chunk timeline drawn from the schedule."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -11,6 +10,7 @@ from typing import Any
 
 from .display import ELLIPSIS, clip, table
 from .knobs import describe_value
+from .outside_text import loads
 from .results import RunResult
 from .schedule import ChunkRecord
 
@@ -231,7 +231,7 @@ def search_rows(events: Sequence[Any], start: float | None = None) -> list[list[
         if e.event == "proposed":
             try:
                 params = ", ".join(f"{k}={format_value(v)}"
-                                   for k, v in json.loads(e.detail).items())
+                                   for k, v in loads(e.detail, what="params").items())
             except (ValueError, AttributeError):
                 params = e.detail
             rows.append([e.trial, e.run, f"+{e.time - start:.1f} s", params,

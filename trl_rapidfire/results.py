@@ -59,7 +59,7 @@ def latest_metrics(log_history: Sequence[dict[str, Any]]) -> dict[str, float]:
 def _metric_value(metrics: dict[str, float], name: str) -> float | None:
     for key in (name, f"eval_{name}"):
         v = metrics.get(key)
-        if isinstance(v, (int, float)) and not math.isnan(v):
+        if isinstance(v, (int, float)) and math.isfinite(v):
             return float(v)
     return None
 

@@ -16,6 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .csv_logs import read_csv_rows
+from .outside_text import STATE_BYTES
+from .own_files import append_text, read_bytes, write_atomic
+from .trust import is_run_name
+
 __all__ = ["ChunkRecord", "Handoffs", "append_schedule_row", "read_schedule_csv",
            "write_schedule_csv"]
 
@@ -65,9 +70,7 @@ def write_schedule_csv(records: Sequence[ChunkRecord], path: str | os.PathLike) 
     writer.writeheader()
     for r in records:
         writer.writerow({**dataclasses.asdict(r), "steps": r.steps})
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(buf.getvalue(), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, buf.getvalue())
 
 
 def append_schedule_row(record: ChunkRecord, path: str | os.PathLike) -> None:
@@ -76,27 +79,29 @@ def append_schedule_row(record: ChunkRecord, path: str | os.PathLike) -> None:
     csv.DictWriter(buf, fieldnames=_FIELDS + ["steps"], lineterminator="\n").writerow(
         {**dataclasses.asdict(record), "steps": record.steps}
     )
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(buf.getvalue())  # one write: a reader sees whole lines
+    append_text(path, buf.getvalue())  # one write: a reader sees whole lines
 
 
 def read_schedule_csv(path: str | os.PathLike) -> list[ChunkRecord]:
-    """Read back a schedule file; a last line cut short by a crash is skipped."""
+    """Read back a schedule file; a last line cut short by a crash is skipped, and so is a
+    row whose run is not a run name (the file is in the experiment's folder, which others may
+    write to: its names must not become paths)."""
     types = {f.name: f.type for f in dataclasses.fields(ChunkRecord)}
     out = []
-    with open(path, encoding="utf-8", newline="") as fh:
-        for row in csv.DictReader(fh):
-            try:
-                kwargs = {}
-                for name in _FIELDS:
-                    tp = types[name]
-                    kwargs[name] = (
-                        int(row[name]) if tp in (int, "int")
-                        else float(row[name]) if tp in (float, "float")
-                        else row[name]
-                    )
-            except (TypeError, ValueError):
-                continue  # an incomplete line
+    text = read_bytes(path, max_bytes=STATE_BYTES).decode("utf-8", errors="replace")
+    for row in read_csv_rows(text, str(path)):
+        try:
+            kwargs = {}
+            for name in _FIELDS:
+                tp = types[name]
+                kwargs[name] = (
+                    int(row[name]) if tp in (int, "int")
+                    else float(row[name]) if tp in (float, "float")
+                    else row[name]
+                )
+        except (TypeError, ValueError):
+            continue  # an incomplete line
+        if is_run_name(kwargs["run"]):
             out.append(ChunkRecord(**kwargs))
     return out
 

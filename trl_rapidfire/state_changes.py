@@ -11,19 +11,17 @@ claims' leases, the gang) are compared with a copy.
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from .outside_text import STATE_BYTES, OutsideTextError, loads
 from .runs import RunState
-from .store import Claim, ExperimentState, StoreError, check_state_names
+from .state_schema import MAPS, SCALARS, BadState, check_line
+from .store import Claim, ExperimentState, StoreError
 
 __all__ = ["MAPS", "SCALARS", "Marks", "Tracked", "apply_line", "parse_lines", "watch_runs"]
 
-# Maps whose entries a line sets or deletes one by one (the others are replaced whole).
-MAPS = ("runs", "chunks_total", "claims", "owner", "last_run", "clones", "gang_size")
-SCALARS = ("fingerprint", "ready", "wall_seconds", "searching")
 
 
 class Tracked(dict):
@@ -157,19 +155,13 @@ class Marks:
 def apply_line(state: ExperimentState, line: dict[str, Any], touched: set[str]) -> None:
     """Apply one journal line to ``state`` (its run names checked first: the file may have
     been edited by someone other than the experiment's author)."""
+    try:
+        check_line(line)
+    except BadState as err:
+        raise StoreError(f"{err}: the file was edited or damaged; restore it, or use another "
+                         "output_dir") from None
     sets, dels, puts = line.get("set", {}), line.get("del", {}), line.get("put", {})
     appended = line.get("append", {}).get("order", [])
-    check_state_names({
-        "runs": sets.get("runs", {}) | puts.get("runs", {}),
-        "chunks_total": sets.get("chunks_total", {}) | puts.get("chunks_total", {}),
-        "order": [*appended, *puts.get("order", [])],
-        "claims": sets.get("claims", {}) | puts.get("claims", {}),
-        "owner": sets.get("owner", {}) | puts.get("owner", {}),
-        "last_run": sets.get("last_run", {}) | puts.get("last_run", {}),
-        "clones": sets.get("clones", {}) | puts.get("clones", {}),
-        "gang_size": sets.get("gang_size", {}) | puts.get("gang_size", {}),
-        "gang": puts.get("gang"),
-    })
     for name, entries in sets.items():
         target = getattr(state, name)
         for key, value in entries.items():
@@ -197,8 +189,8 @@ def parse_lines(data: bytes, where: Path) -> tuple[list[dict[str, Any]], int]:
     lines = []
     for raw in data[:end].splitlines():
         try:
-            lines.append(json.loads(raw))
-        except ValueError as err:
+            lines.append(loads(raw, what="a line", max_bytes=STATE_BYTES))
+        except OutsideTextError as err:
             raise StoreError(f"{where} has a damaged line ({err}): restore it, or use another "
                              "output_dir") from None
     return lines, end

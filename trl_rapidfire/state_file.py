@@ -28,6 +28,8 @@ from typing import Any
 from .atomic_folders import fsync_dir
 from .faults import ExperimentFault, disk_fault, fault_message
 from .flock import LockUnsupported, flock_for
+from .outside_text import STATE_BYTES, loads
+from .own_files import open_nofollow, read_bytes
 from .state_changes import Marks, apply_line, parse_lines, watch_runs
 from .store import ExperimentState, StoreError
 
@@ -94,9 +96,11 @@ class FileStore:
                 return None
             state, generation, _ = snapshot
             try:
-                data = self.journal_path.read_bytes()
+                data = read_bytes(self.journal_path, max_bytes=STATE_BYTES)
             except FileNotFoundError:
                 return state
+            except ValueError as err:  # a link, or beyond any real journal's size
+                raise StoreError(str(err)) from None
             header, lines, _ = self._journal_lines(data)
             if header == generation:
                 for line in lines:
@@ -175,13 +179,15 @@ class FileStore:
 
     def _read_snapshot(self) -> tuple[ExperimentState, int, int] | None:
         try:
-            text = self.path.read_text("utf-8")
+            text = read_bytes(self.path, max_bytes=STATE_BYTES)
+            doc = loads(text, what="it", max_bytes=STATE_BYTES)
+            generation = doc.get("generation", 0) if isinstance(doc, dict) else None
+            if isinstance(generation, bool) or not isinstance(generation, int):
+                raise StoreError(f"its generation is {generation!r}, not a whole number")
+            return ExperimentState.from_json(doc), generation, len(text)
         except FileNotFoundError:
             return None
-        try:
-            doc = json.loads(text)
-            return ExperimentState.from_json(doc), int(doc.get("generation", 0)), len(text)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, StoreError) as err:
+        except (KeyError, TypeError, ValueError, StoreError) as err:
             raise StoreError(f"{self.path} is not a valid scheduler state: {err}") from None
 
     def _journal_lines(self, data: bytes) -> tuple[int | None, list[dict[str, Any]], int]:
@@ -206,17 +212,31 @@ class FileStore:
         """Under the lock: this process's copy, with what others appended since read in."""
         cache = self._cache
         if cache is not None:
+            # Opened anew under the lock, every time: on NFS an open() revalidates what the
+            # client caches of the file (close-to-open consistency), which a descriptor kept
+            # open does not, so another machine's append could go unseen.
             try:
-                st = os.stat(self.journal_path)
+                fd = self._open_journal()
             except FileNotFoundError:
-                st = None
+                fd = None
+            st = os.fstat(fd) if fd is not None else None
             if st is not None and (st.st_dev, st.st_ino) == cache.inode \
                     and st.st_size >= cache.offset:
+                os.close(cache.fd)
+                cache.fd = fd
                 if st.st_size > cache.offset:
                     self._read_tail(cache, st.st_size)
                 return cache
+            if fd is not None:
+                os.close(fd)
             self._forget()
         return self._load()
+
+    def _open_journal(self) -> int:
+        try:
+            return open_nofollow(self.journal_path, os.O_RDWR | os.O_APPEND)
+        except ValueError as err:  # LinkRefused: someone left a link where the journal is
+            raise StoreError(str(err)) from None
 
     def _read_tail(self, cache: _Cache, size: int) -> None:
         try:
@@ -241,7 +261,7 @@ class FileStore:
             return None
         state, generation, snapshot_bytes = snapshot
         try:
-            fd = os.open(self.journal_path, os.O_RDWR | os.O_APPEND)
+            fd = self._open_journal()
         except FileNotFoundError:  # a state written before journals, or never appended to
             fd = self._new_journal(generation)
         try:
@@ -303,11 +323,14 @@ class FileStore:
         header = json.dumps({"format": _JOURNAL_FORMAT, "generation": generation}) + "\n"
         self._write_whole(tmp, header)
         os.replace(tmp, self.journal_path)
-        return os.open(self.journal_path, os.O_RDWR | os.O_APPEND)
+        return self._open_journal()
 
     def _write_whole(self, tmp: Path, text: str) -> None:
         try:
-            with open(tmp, "w", encoding="utf-8") as fh:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # a killed process's leftover, or a link someone left
+            fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())

@@ -30,6 +30,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .atomic_folders import TMP_PREFIX, fsync_file, replace_folder
+from .outside_text import STATE_BYTES
+from .own_files import read_json
 
 __all__ = [
     "TENSORS_FILE",
@@ -46,6 +48,8 @@ TENSORS_FILE = "tensors.safetensors"
 TREE_FILE = "tree.json"
 _FORMAT = "trl-rapidfire/state-tree"
 _VERSION = 1
+# A state tree nests as deep as an optimizer's state dict inside a run's parked state.
+_TREE_DEPTH = 64
 
 # dtypes that safetensors can both write and read back. Other strided dtypes (complex128,
 # complex32, float8_e8m0fnu, ...) are stored as their raw bytes plus a dtype marker.
@@ -295,8 +299,7 @@ def save_tree(tree: Any, folder: str | os.PathLike, *, meta: dict[str, Any] | No
 
 
 def _read_doc(folder: Path) -> dict[str, Any]:
-    with open(folder / TREE_FILE, encoding="utf-8") as f:
-        doc = json.load(f)
+    doc = read_json(folder / TREE_FILE, max_bytes=STATE_BYTES, max_depth=_TREE_DEPTH)
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
         raise ValueError(f"{folder / TREE_FILE} is not a state tree")
     if doc.get("version") != _VERSION:

@@ -22,7 +22,7 @@ from typing import Any
 
 from .runs import RunState, RunStatus
 from .scheduler import pick_next
-from .trust import UntrustedValue, check_run_name
+from .state_schema import BadState, check_document, is_proposal
 from .workers import process_alive
 
 __all__ = [
@@ -122,6 +122,8 @@ class ExperimentState:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> ExperimentState:
+        if not isinstance(doc, dict):
+            raise StoreError("not a trl-rapidfire scheduler state (not a JSON object)")
         if doc.get("format") != _FORMAT or doc.get("version") != _VERSION:
             raise StoreError(f"not a trl-rapidfire scheduler state (format {doc.get('format')!r}, "
                              f"version {doc.get('version')!r})")
@@ -148,38 +150,15 @@ class ExperimentState:
 
 
 def check_state_names(doc: dict[str, Any]) -> None:
-    """Every run name in the file is ``run-<n>`` and every clone recipe is a parent and an op
-    text: names become paths and recipes become runs, and the file may have been edited by
-    someone other than the experiment's author (see :mod:`trl_rapidfire.trust`)."""
+    """:class:`StoreError` unless ``doc`` is a whole state as the package writes it: known
+    keys, values of their types, every run name ``run-<n>`` (names become paths, recipes become
+    runs, and the file may have been edited by someone other than the experiment's author; see
+    :mod:`trl_rapidfire.state_schema`)."""
     try:
-        names = [*doc["runs"], *doc["chunks_total"], *doc["order"], *doc["claims"],
-                 *doc.get("owner", {}), *doc.get("last_run", {}).values(),
-                 *doc.get("clones", {}), *doc.get("gang_size", {})]
-        gang = doc.get("gang")
-        if gang is not None:
-            names.append(gang["run"])
-        for name, recipe in doc.get("clones", {}).items():
-            if is_proposal(recipe):
-                continue
-            if not isinstance(recipe, dict) or set(recipe) != {"parent", "op"} or not isinstance(
-                    recipe["op"], str):
-                raise StoreError(f"clone {name!r}: a recipe is {{parent, op}} or {{trial, "
-                                 f"params}}, got {recipe!r}")
-            names.append(recipe["parent"])
-        for name in names:
-            check_run_name(name, "the scheduler state")
-    except (UntrustedValue, KeyError, TypeError, AttributeError) as err:
+        check_document(doc)
+    except BadState as err:
         raise StoreError(f"{err}: the file was edited or damaged; restore it, or use another "
                          "output_dir") from None
-
-
-def is_proposal(recipe: Any) -> bool:
-    """Whether ``recipe`` (an entry of ``clones``) is a search's proposal: its trial number
-    and the sampler's parameters as JSON text, nothing else (the search maps them back to knob
-    values, checking each against the knob's candidates)."""
-    return (isinstance(recipe, dict) and set(recipe) == {"trial", "params"}
-            and isinstance(recipe["trial"], str) and recipe["trial"].isdigit()
-            and isinstance(recipe["params"], str))
 
 
 def claim_next(

@@ -28,14 +28,12 @@ import os
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .layout import Layout
 from .mlflow_store import TrackingStoreError, ensure_schema
 from .tracking_tags import (
     EXPERIMENT_TAG,
@@ -48,6 +46,7 @@ from .tracking_tags import (
     ROLE_TAG,
     RUN_TAG,
     STATUS_TAG,
+    experiment_id_for,
     resolve_tracking_uri,
 )
 
@@ -69,19 +68,6 @@ _MLFLOW_STATUS = {"completed": "FINISHED", "failed": "FAILED", "stopped": "KILLE
 # How a train() call ended -> the parent run's MLflow status.
 _EXPERIMENT_STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 _PARAM_VALUE_MAX = 6000
-
-
-def experiment_id_for(output_dir: str | os.PathLike) -> str:
-    """The experiment's id, created once and kept in ``<output_dir>/.rapidfire/``."""
-    path = Layout(output_dir).experiment_marker
-    if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))["id"]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    value = uuid.uuid4().hex
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"id": value}), encoding="utf-8")
-    os.replace(tmp, path)
-    return json.loads(path.read_text(encoding="utf-8"))["id"]
 
 
 def _param_value(value: Any) -> str:
@@ -384,7 +370,7 @@ class Tracker:
         for run in self._search():
             tags = run.data.tags
             op = tags.get(OP_TAG)
-            if not op:
+            if op is None:  # an empty op is answered (an error) and removed like any other
                 continue
             if tags.get(ROLE_TAG) == "run":
                 ops[tags.get(RUN_TAG, "")] = op

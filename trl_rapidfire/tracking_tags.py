@@ -6,8 +6,14 @@ without the writer (:mod:`.tracking`) or MLflow itself.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import uuid
 from pathlib import Path
+
+from .layout import Layout
+from .own_files import read_json, write_atomic
 
 __all__ = [
     "EXPERIMENT_TAG",
@@ -22,6 +28,8 @@ __all__ = [
     "RUN_TAG",
     "STATUS_TAG",
     "check_uri_across_machines",
+    "experiment_id_for",
+    "read_experiment_id",
     "resolve_tracking_uri",
 ]
 
@@ -43,6 +51,30 @@ HEARTBEAT_INTERVAL = 10.0
 # Older than this, a heartbeat is a dead experiment's. Generous: the tracking thread pauses
 # while the engine switches runs (loading a large model can take a minute).
 HEARTBEAT_STALE = 180.0
+
+
+def read_experiment_id(path: str | os.PathLike) -> str:
+    """The experiment's id in its marker file ``path`` (``.rapidfire/experiment.json``).
+
+    Raises:
+        FileNotFoundError: there is no marker.
+        ValueError: the file is damaged, a link, or holds no id. The id is hex, nothing else:
+            it goes into MLflow search filters, where other text could change the query.
+    """
+    doc = read_json(path, max_depth=2)
+    value = doc.get("id") if isinstance(doc, dict) else None
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{8,64}", value):
+        raise ValueError(f"{path} holds {value!r}, not an experiment id (hex)")
+    return value
+
+
+def experiment_id_for(output_dir: str | os.PathLike) -> str:
+    """The experiment's id, created once and kept in ``<output_dir>/.rapidfire/``."""
+    path = Layout(output_dir).experiment_marker
+    if not os.path.lexists(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"id": uuid.uuid4().hex}))
+    return read_experiment_id(path)
 
 
 def resolve_tracking_uri() -> str:

@@ -190,6 +190,8 @@ def process_alive(worker_id: str) -> bool | None:
         pid_n = int(pid)
     except ValueError:
         return None
+    if not 0 < pid_n < 1 << 22:  # read from the shared state: 0 or -1 would name a group
+        return False
     if host != socket.gethostname():
         return None
     if pid_n == os.getpid():

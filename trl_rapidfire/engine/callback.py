@@ -10,6 +10,7 @@ from transformers import TrainerCallback
 
 from ..chunks import ChunkPlan
 from ..switch import RngState
+from .divergence import check_finite
 from .records import RunSlot
 
 __all__ = ["ChunkCallback", "TurnHost"]
@@ -88,6 +89,8 @@ class ChunkCallback(TrainerCallback):
         step = state.global_step
         if step in slot.plan.boundaries and step not in slot.yielded_at:
             slot.yielded_at.add(step)
+            # A run gone to inf/nan fails here, before its state is kept (divergence.py).
+            check_finite(slot, step)
             # Here the next step's batches are fetched and nothing else has moved: exactly
             # where train(resume_from_checkpoint=...) restores a mid-epoch checkpoint.
             self.host.save_boundary(slot)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import enum
-import json
 import threading
 import time
 import warnings
@@ -22,6 +21,7 @@ from typing import Any
 
 from ..durable import checkpoint_at
 from ..faults import ExperimentFault, disk_fault, fault_message
+from ..own_files import read_json
 from ..runs import RunState, RunStatus
 from ..schedule import ChunkRecord, append_schedule_row, read_schedule_csv, write_schedule_csv
 from ..state_file import FileStore
@@ -193,7 +193,7 @@ class Coordinator:
             final = slot.final_dir
             if (final / "trainer_state.json").is_file() and slot.weights is not WeightsAt.FINAL:
                 slot.disk_state = load_trainer_state(final / "trainer_state.json")
-                out = json.loads((final / "train_output.json").read_text("utf-8"))
+                out = read_json(final / "train_output.json")
                 from transformers.trainer_utils import TrainOutput
 
                 slot.train_output = TrainOutput(out["global_step"], out["training_loss"],

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from ..cache import save_tree
 from ..control import Op, OpError, OpRecord, append_op_row, parse_op
+from ..faults import ExperimentFault, disk_fault
 from ..folder_control import Inbox
 from ..layout import Layout, run_index, run_name
 from ..policies import Context, Policy
@@ -23,7 +24,7 @@ from .clones import Clones, next_run_index
 from .coordination import Coordinator
 from .records import RunSlot, history_of
 from .reporting import Reporter
-from .support import WallClock, canonical_op, json_knobs
+from .support import WallClock, canonical_op, json_knobs, one_line
 from .turns import Turns
 
 __all__ = ["OpsDesk", "change_status"]
@@ -158,11 +159,15 @@ class OpsDesk:
             return []
         pending += [("tag", run, text, None)
                     for run, text in self._reporter.pending_ops().items()]
-        pending += [("cli", run, text, None) for run, text in self._inbox.take()]
+        # An op file stays in the inbox until its op is answered (a crash in between
+        # applies it again at the next train(), never loses it).
+        mail = self._inbox.take()
+        pending += [("cli", item.run, item.op, None) for item in mail]
+        mail_at = {len(pending) - len(mail) + i: item for i, item in enumerate(mail)}
         # A person's op on a run wins over a policy's at the same boundary.
         by_person = {run for source, run, _, _ in pending if not source.startswith("policy")}
         records = []
-        for source, run, text, reason in pending:
+        for position, (source, run, text, reason) in enumerate(pending):
             automatic = source.startswith("policy")
             if automatic and run in by_person:
                 result = "skipped: a person's op on this run wins"
@@ -178,6 +183,10 @@ class OpsDesk:
                         result += f" by {source.split(':', 1)[1]} {reason}"
                 except OpError as err:
                     result = f"error: {err}"
+                except Exception as err:  # noqa: BLE001 - one op's failure is its answer
+                    if isinstance(err, ExperimentFault) or disk_fault(err, ours=True):
+                        raise  # the experiment's files, not the op: stop at this boundary
+                    result = f"error: {type(err).__name__}: {one_line(err)}"
             record = OpRecord.now(source, run, text, result)
             records.append(record)
             self.op_log.append(record)
@@ -186,6 +195,8 @@ class OpsDesk:
             if run in self.slots:
                 self.slots[run].last_op = result
                 self._reporter.report(self.slots[run])
+            if position in mail_at:
+                self._inbox.done(mail_at[position])
             if result.startswith("error") and source == "python":
                 warnings.warn(f"op {text!r} on {run}: {result}", RuntimeWarning, stacklevel=2)
         return records

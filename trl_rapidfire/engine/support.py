@@ -16,6 +16,8 @@ from typing import Any, Protocol
 from ..control import OpError, parse_op
 from ..faults import ExperimentFault, disk_fault, fault_message
 from ..knobs import describe_value
+from ..outside_text import STATE_BYTES, OutsideTextError
+from ..own_files import read_json
 from ..state_file import FileStore
 from ..store import renew
 from ..workers import launcher_gone
@@ -30,6 +32,7 @@ __all__ = [
     "install_sigint",
     "json_knobs",
     "load_trainer_state",
+    "one_line",
     "orphaned",
     "points_of",
 ]
@@ -119,9 +122,24 @@ def json_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_trainer_state(path: Path) -> Any:
+    """A checkpoint's ``trainer_state.json``, read within the bounds of any state file (it is
+    in the experiment's folder, which others may write to); errors name the file."""
     from transformers import TrainerState
 
-    return TrainerState.load_from_json(str(path))
+    doc = read_json(path, max_bytes=STATE_BYTES)
+    if not isinstance(doc, dict):
+        raise OutsideTextError(f"{path} is not a trainer state (a JSON object)")
+    try:
+        return TrainerState(**doc)
+    except TypeError as err:
+        raise OutsideTextError(f"{path} is not a trainer state: {err}") from None
+
+
+def one_line(err: BaseException, limit: int = 500) -> str:
+    """``err``'s message as one line of at most ``limit`` characters (for an op's answer)."""
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else ""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def points_of(log_history: list[dict[str, Any]]) -> list[tuple[str, float, int, int]]:

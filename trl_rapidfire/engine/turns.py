@@ -29,6 +29,7 @@ from ..switch import Aborted, RngState
 from ..trust import inside
 from .building import plan_for
 from .callback import ChunkCallback
+from .divergence import check_finite
 from .records import EngineStats, RunSlot, WeightsAt
 from .run_trainer import RunTrainer
 from .support import disk_faults
@@ -174,6 +175,7 @@ class Turns:
             if slot.resume_from is not None:
                 kwargs["resume_from_checkpoint"] = str(slot.resume_from)
             slot.train_output = slot.trainer.train(**kwargs)
+            check_finite(slot, int(slot.trainer.state.global_step))
             self._write_final(slot)
         except Aborted:
             pass

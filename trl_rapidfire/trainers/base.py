@@ -16,7 +16,6 @@ import copy
 import json
 import threading
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 from transformers import TrainerCallback
@@ -33,12 +32,12 @@ from ..models import ModelPool
 from ..policies import as_policy
 from ..results import RunResult, pick_best
 from ..schedule import ChunkRecord
-from ..search import AdaptiveSearch, GridSearch, RunSpec, Search
-from ..state_file import FileStore
-from ..store import StoreError
+from ..search import AdaptiveSearch, GridSearch, Search
+from ..trust import UntrustedValue
 from ..workers import current_worker, lease_seconds
-from .run_builder import CHUNK, RunBuilder
+from .run_builder import RunBuilder
 from .run_trainer import copy_callbacks
+from .setup_checks import check_clone_overrides, check_model_candidates, check_specs, open_store
 from .subclassing import (
     FORWARDED,
     as_trl_on_runs,
@@ -105,16 +104,18 @@ class RFTrainerMixin:
                              args=args, shared=shared_args, knob_args=knob_args,
                              pool=self._rf_pool, owner=self,
                              single=not adaptive and len(specs) == 1)
-        _check_specs(specs, shared_args, builder)
+        check_specs(specs, shared_args, builder, policy=policy)
+        check_clone_overrides(args, arguments.keys(), arguments)
+        check_model_candidates(knob_args.get("model"), args)
         try:
             lease = lease_seconds()
         except ValueError as err:
             raise RFConfigError(str(err)) from None
-        store = _open_store(layout, experiment_fingerprint(specs, shared_args, described))
+        store = open_store(layout, experiment_fingerprint(specs, shared_args, described))
         proposer = None
         if adaptive:
             specs, proposer = search.start(args, layout, **knob_args)
-            _check_specs(specs, shared_args, builder, metric=search.metric)
+            check_specs(specs, shared_args, builder, metric=search.metric, policy=policy)
         tracker = None
         if _tracks_to_mlflow(args):
             from ..tracking import Tracker
@@ -269,6 +270,10 @@ class RFTrainerMixin:
 
     def _rf_train_runs(self) -> TrainOutput:
         engine = self._rf_engine
+        try:  # a link may have been left in the folder since it was built
+            engine.layout.check_links()
+        except UntrustedValue as err:
+            raise RFConfigError(str(err)) from None
         engine.run()
         if engine.interrupted:
             raise KeyboardInterrupt(
@@ -391,65 +396,16 @@ def _raise_failures(what: str, slots: list[Any], errors: dict[str, str] | None =
     """Raise why no run is left: one run's own exception when the experiment has one run (as
     its TRL trainer would raise it), else a :class:`RunFailure` listing every run's."""
     if len(slots) == 1 and slots[0].exception is not None:
-        raise slots[0].exception
+        exc = slots[0].exception
+        note = (f"trl-rapidfire: the experiment's one run, {slots[0].name}, raised this in its "
+                "training (its traceback above), as its TRL trainer alone would have.")
+        if note not in getattr(exc, "__notes__", ()):
+            exc.add_note(note)
+        raise exc
     errors = errors or {s.name: s.error for s in slots}
     detail = "\n".join(f"  {name}: {err}" for name, err in errors.items())
     raise RunFailure(f"{what}:\n{detail}",
                      {s.name: s.exception for s in slots if s.exception is not None})
-
-
-def _open_store(layout: Layout, fingerprint: str) -> FileStore:
-    """The experiment's shared state, not created yet (nothing is written before ``train()``).
-
-    An experiment already in ``output_dir`` with the same runs is continued (a re-run after a
-    crash or a stop). One with other runs is moved aside, whole, into ``previous/`` with a
-    warning, as plain TRL would simply train in that folder; under a launch it is refused
-    instead, since every worker would move it."""
-    store = FileStore(layout.state_dir, fingerprint, create=False)
-    try:
-        recorded = store.recorded_fingerprint()
-    except StoreError as err:
-        raise RFConfigError(str(err)) from None
-    if recorded is None or recorded == fingerprint:
-        return store
-    if current_worker().launched:
-        raise RFConfigError(
-            f"{store.path} belongs to an experiment with other runs (fingerprint "
-            f"{recorded[:12]}, these runs {fingerprint[:12]}): use another output_dir, run "
-            "the configs it was made for, or start this one once without a launch (which "
-            "moves the other aside).")
-    moved = layout.move_aside()
-    warnings.warn(f"{layout.output_dir} held another experiment (other runs); it was moved, "
-                  f"whole, to {moved}. This one starts afresh.", UserWarning, stacklevel=4)
-    return store
-
-
-def _check_specs(specs: Sequence[RunSpec], shared_args: dict[str, Any],
-                 builder: RunBuilder, metric: str | None = None) -> None:
-    """What is wrong with the experiment as a whole, said before any model loads.
-    ``metric``: what an adaptive search optimizes (it must be logged)."""
-    optimizers = shared_args.get("optimizers")
-    if len(specs) > 1 and optimizers is not None and any(o is not None for o in optimizers):
-        raise ValueError(
-            "`optimizers=(optimizer, scheduler)` is one optimizer bound to one model's "
-            "parameters; with several runs each needs its own. Use "
-            "`optimizer_cls_and_kwargs=(cls, kwargs)` or the config's `optim` instead."
-        )
-    for spec in specs:
-        chunk_eval = builder.strategy(spec, "eval_strategy") == CHUNK
-        if chunk_eval and shared_args.get("eval_dataset") is None:
-            raise RFConfigError(
-                f"{spec.name}: eval_strategy='chunk' evaluates every run at each chunk end "
-                "and needs an eval_dataset; pass eval_dataset=... or use eval_strategy='no'."
-            )
-        if metric is not None and metric.startswith("eval_") and not (
-                chunk_eval or builder.strategy(spec, "eval_strategy") not in (None, "no")):
-            raise RFConfigError(
-                f"{spec.name}: the search optimizes {metric!r}, which only evaluation logs; "
-                "set eval_strategy='chunk' (and pass eval_dataset=...) so that every run is "
-                "evaluated at each chunk end, or search on metric='loss'."
-            )
-    copy_callbacks(shared_args.get("callbacks"))  # fail before any model is loaded
 
 
 def _tracks_to_mlflow(args: Any) -> bool:
