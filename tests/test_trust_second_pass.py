@@ -361,3 +361,59 @@ def test_leftovers_of_a_killed_final_save_go_once_the_final_is_written(tmp_path)
     (stale / "adapter_model.safetensors").write_bytes(b"half")
     _trainer(out).train()
     assert sorted(os.listdir(out / "runs" / "run-0")) == ["final"]
+
+
+def test_deep_params_of_a_proposed_run_fail_that_run_alone(tmp_path):
+    pytest.importorskip("optuna")
+    from trl_rapidfire import Range
+    from trl_rapidfire.optuna_search import OptunaSearch
+
+    out = tmp_path / "exp"
+
+    def build():
+        return RFSFTTrainer(
+            model=tiny_model_path(),
+            args=RFSFTConfig(output_dir=str(out), num_chunks=2, max_steps=2, report_to="none",
+                             learning_rate=Range(1e-4, 1e-2, log=True), **BASE),
+            train_dataset=make_sft_dataset(16), peft_config=tiny_lora_config(r=4),
+            search=OptunaSearch(num_runs=2, max_concurrent=1, metric="loss"))
+
+    build().train()
+    path, doc = read_state(out)
+    add_run(doc, "run-2", {"trial": "2", "params": '{"learning_rate": ' + DEEP + "}"})
+    path.write_text(json.dumps(doc))
+    again = build()
+    with pytest.warns(RuntimeWarning, match="cannot rebuild run-2"):
+        again.train()
+    runs = {r.name: r for r in again.runs}
+    assert runs["run-2"].status == RunStatus.FAILED and "nests 1501" in runs["run-2"].error
+    assert runs["run-0"].status == runs["run-1"].status == RunStatus.COMPLETED
+
+
+@pytest.mark.slow
+def test_a_second_script_is_refused_while_the_first_trains_in_another_process(tmp_path):
+    import subprocess
+    import sys
+
+    from launched import launch_env
+
+    out = tmp_path / "exp"
+    script = Path(__file__).parent / "experiment_script.py"
+    first = subprocess.Popen([sys.executable, str(script), str(out)],
+                             env=launch_env(tmp_path, RF_TEST_ROWS="800"),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        alive = out / ".rapidfire" / "alive.json"
+        deadline = time.time() + 120
+        while not alive.exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert alive.exists(), first.communicate()[0][-3000:]
+        with pytest.raises(RFConfigError, match=f"training now: process {first.pid} on this "
+                                                "machine"):
+            _trainer(out, lrs=(5e-3, 7e-3))
+    finally:
+        log = first.communicate(timeout=600)[0]
+    assert first.returncode == 0, log[-3000:]
+    assert not (out / "previous").exists()
+    _, doc = read_state(out)
+    assert {r["status"] for r in doc["runs"].values()} == {"completed"}
