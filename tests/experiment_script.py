@@ -13,6 +13,8 @@ never at a boundary; with ``peer``, only once another worker has claimed a chunk
 ``RF_TEST_ROWS`` sets the dataset size (longer chunks for timing); ``RF_TEST_EPOCHS`` the
 epochs (default 1); ``RF_TEST_RANKS=4,8`` makes the LoRA rank a knob too (8 configs).
 ``RF_TEST_STOP=<run>`` stops that run from the script before training.
+``RF_TEST_CHECKPOINT_EVERY`` sets ``checkpoint_every`` (default: the config's, 60 s: every
+boundary of these short runs is volatile until a run stops, leaves or finishes).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class KillAt(TrainerCallback):
     """SIGKILL the experiment's process group when the run reaches ``step`` (mid-chunk).
 
     ``run`` may be ``any``. With ``peer``, first wait (holding the run's claim) until another
-    worker has claimed a chunk: the kill then happens while that worker is running.
+    worker has claimed a chunk, or waits for this one's volatile runs: the kill then happens
+    while that worker is running.
     """
 
     def __init__(self, run: str, step: int, peer: bool = False, output_dir: str = "") -> None:
@@ -57,8 +60,11 @@ class KillAt(TrainerCallback):
         store = FileStore(os.path.join(self.output_dir, ".rapidfire"), "", create=False)
         deadline = time.time() + 300
         while time.time() < deadline:
-            claims = store.peek().claims
-            if any(me not in c.worker for c in claims.values()):
+            state = store.peek()
+            # Another worker trains, or waits for runs this one holds volatile (it gets them
+            # at this worker's next claim, which never comes: it dies first).
+            if any(me not in c.worker for c in state.claims.values()) or any(
+                    me not in w for w in state.idle):
                 return
             time.sleep(0.1)
 
@@ -68,6 +74,8 @@ def main(output_dir: str) -> None:
     rows = int(os.environ.get("RF_TEST_ROWS", "96"))
     kwargs = dict(cpu_training_kwargs(), use_cpu=True, ddp_backend="gloo")
     kwargs["report_to"] = os.environ.get("RF_TEST_REPORT_TO", "none")
+    if os.environ.get("RF_TEST_CHECKPOINT_EVERY"):
+        kwargs["checkpoint_every"] = os.environ["RF_TEST_CHECKPOINT_EVERY"]
     config = RFSFTConfig(
         output_dir=output_dir,
         learning_rate=List([1e-3, 3e-3]),
@@ -80,6 +88,7 @@ def main(output_dir: str) -> None:
         seed=7,
         **kwargs,
     )
+
     callbacks = []
     kill = os.environ.get("RF_TEST_KILL")
     if kill:

@@ -58,8 +58,11 @@ experiment_script.main(sys.argv[1])
 
 
 def _env(tmp: Path) -> dict[str, str]:
+    # A checkpoint at every boundary: the window between a checkpoint and its record is
+    # what is tested here.
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}")
+               MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}",
+               RF_TEST_CHECKPOINT_EVERY="chunk")
     env.pop("TRL_RAPIDFIRE_WORKER", None)
     return env
 

@@ -29,8 +29,9 @@ from trl_rapidfire.testing import (
     tiny_model_path,
 )
 
+# A checkpoint at every boundary: the faults met writing them are what is tested here.
 BASE = dict(cpu_training_kwargs(), per_device_train_batch_size=4, logging_steps=1,
-            report_to="none")
+            report_to="none", checkpoint_every="chunk")
 
 
 @pytest.fixture(scope="module")

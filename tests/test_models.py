@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -78,6 +80,18 @@ def test_adapters_are_initialised_as_a_fresh_peft_model_would_be():
         assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+def _assert_same_flags(fast: Any, peft: Any) -> None:
+    """Where both models hold a parameter its trainability is the same; what ``fast`` holds no
+    longer (detached adapters) is frozen in ``peft`` too, and belongs to another adapter."""
+    ours = {n: p.requires_grad for n, p in fast.model.named_parameters()}
+    theirs = {n: p.requires_grad for n, p in peft.model.named_parameters()}
+    assert ours.items() <= theirs.items()
+    gone = [n for n in theirs if n not in ours]
+    assert not any(theirs[n] for n in gone)
+    assert all(set(n.split(".")) & set(peft.model.peft_config) for n in gone)
+    assert any(ours.values())
+
+
 def test_fast_activation_does_what_peft_set_adapter_does():
     from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -95,9 +109,9 @@ def test_fast_activation_does_what_peft_set_adapter_does():
         fast.activate(name)
         peft.model.set_adapter(name)
         assert fast.model.active_adapter == peft.model.active_adapter == name
-        flags = [[(n, p.requires_grad) for n, p in g.model.named_parameters()] for g in groups]
-        assert flags[0] == flags[1]
-        assert any(rg for _, rg in flags[0])
+        # The other adapters left the module tree (rf2's modules_to_save copy stays).
+        assert fast.attached == {name, "rf2"}
+        _assert_same_flags(fast, peft)
         layers = [[m.active_adapters for m in g.model.modules() if isinstance(m, BaseTunerLayer)]
                   for g in groups]
         assert layers[0] == layers[1] and layers[0] == [[name]] * len(layers[0])
@@ -133,9 +147,10 @@ def test_switching_between_known_adapters_toggles_what_set_adapter_would():
         fast.activate(name)
         peft.attach(name)
         peft.model.set_adapter(name)
-        flags = [[(n, p.requires_grad) for n, p in g.model.named_parameters()] for g in groups]
-        assert flags[0] == flags[1], step
-        assert sum(rg for _, rg in flags[0]) == len(adapter_params(fast.model, name))
+        assert fast.attached == {name}, step
+        _assert_same_flags(fast, peft)
+        trainable = [n for n, p in fast.model.named_parameters() if p.requires_grad]
+        assert len(trainable) == len(adapter_params(fast.model, name)) > 0, step
         layers = [[m.active_adapters for m in g.model.modules() if isinstance(m, BaseTunerLayer)]
                   for g in groups]
         assert layers[0] == layers[1] == [[name]] * len(layers[0]), step
@@ -149,6 +164,8 @@ def test_detached_adapters_leave_the_module_tree_and_come_back_as_they_were():
     for i, lora in enumerate(loras):
         group.add_adapter(adapter_name(i), lora, seed=i)
     group.activate("rf0")
+    assert group.attached == {"rf0", "rf2"}  # rf1 left the tree when rf0 became active
+    group.attach("rf1")
     model = group.model
     before = {n: id(p) for n, p in model.named_parameters()}
     modules = len(list(model.modules()))

@@ -54,7 +54,7 @@ def test_a_claim_appends_one_short_line_and_leaves_the_snapshot_alone(tmp_path):
     added = (folder / "scheduler.journal").read_bytes()[size:]
     assert added.count(b"\n") == 1 and len(added) < 400, added  # not 200 runs' records
     line = json.loads(added)
-    assert set(line["set"]) == {"runs", "claims", "last_run"}
+    assert set(line["set"]) == {"runs", "claims", "last_run", "seen"}
     assert list(line["set"]["runs"]) == ["run-0"]
     # Another process (a fresh store) and a look from outside see the claim.
     for state in (FileStore(folder, "fp", create=False).read(), store.peek()):

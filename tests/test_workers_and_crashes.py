@@ -23,6 +23,7 @@ from launched import launch_env, loss_history
 from safetensors.torch import load_file
 
 from trl_rapidfire.schedule import read_schedule_csv
+from trl_rapidfire.state_file import FileStore
 from trl_rapidfire.testing import tiny_model_path
 
 pytestmark = pytest.mark.slow
@@ -106,21 +107,32 @@ def test_two_workers_under_accelerate_launch_equal_one_process_bitwise(reference
         assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers, every", [(1, ""), (2, "2 chunks")])
 def test_kill_9_mid_chunk_then_rerun_finishes_bitwise_with_one_point_per_step(
-    reference, tmp_path, workers
+    reference, tmp_path, workers, every
 ):
     out = tmp_path / "exp"
-    env = _env(tmp_path, RF_TEST_REPORT_TO="mlflow")
-    # run-1's second chunk covers steps 8-16: step 12 is mid-chunk.
+    env = _env(tmp_path, RF_TEST_REPORT_TO="mlflow", RF_TEST_CHECKPOINT_EVERY=every)
+    # run-1's second chunk covers steps 8-16: step 12 is mid-chunk. With checkpoint_every
+    # at its default (60 s) every boundary before it is volatile; with "2 chunks" a run that
+    # finished its second chunk (boundary 16) has it on disk.
     _run(_script(out, workers), {**env, "RF_TEST_KILL": "run-1:12"}, tmp_path,
          expect_kill=True)
     before = read_schedule_csv(out / "schedule.csv")
     assert ("run-1", 1) not in {(r.run, r.number) for r in before}
     assert len(before) < len(RUNS) * CHUNKS
+    state = FileStore(out / ".rapidfire", "", create=False).read()
+    durable = {run: state.runs[run].durable_chunks for run in RUNS}
+    assert any(state.runs[run].volatile for run in RUNS)  # chunks that the kill loses
+    if every:
+        assert any(durable.values())
 
+    rerun_at = time.time()
     _run(_script(out, workers), env, tmp_path)
-    _assert_each_chunk_once(out)
+    rows = _assert_each_chunk_once(out)
+    # The lost chunks were trained again, once, and nothing durable was.
+    again = Counter((r.run, r.number) for r in rows if r.start_time >= rerun_at)
+    assert again == {(run, n): 1 for run in RUNS for n in range(durable[run], CHUNKS)}
     _assert_same_adapters(reference, out)
     # MLflow: exactly one loss point per step, equal to the uninterrupted run's.
     ref_tmp = reference.parent
@@ -143,8 +155,9 @@ def test_an_op_from_the_script_applies_once_with_two_workers(tmp_path):
 
 def test_a_worker_that_dies_is_replaced_by_the_others(reference, tmp_path):
     # Two plain processes on one output_dir are two workers of one experiment. One is
-    # killed mid-chunk; the survivor notices (its pid is gone), redoes that chunk from the
-    # run's last boundary and finishes every run.
+    # killed mid-chunk; the survivor notices (its pid is gone), redoes what the dead one
+    # trained since its runs' last durable boundaries (with checkpoint_every at its default
+    # every boundary of these short runs is volatile: all of it) and finishes every run.
     out = tmp_path / "exp"
     env = _env(tmp_path, RF_TEST_ROWS="96")
     # The doomed worker dies in the middle of the second chunk of the first run it takes that

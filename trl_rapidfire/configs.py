@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from trl import DPOConfig, GRPOConfig, SFTConfig
 
 from .accelerate_state import preserved_accelerate_state
+from .cadence import parse_cadence
 from .config_errors import RFConfigError
 from .fsdp_configs import gang_config, is_gang_config, normalize_fsdp_config, validating_world
 from .knobs import Knob, List, Range, is_knob, knob_from_json
@@ -51,7 +52,8 @@ CHUNK = "chunk"
 """The trl-rapidfire value of ``eval_strategy``/``save_strategy``: act at every chunk end."""
 
 # Fields that describe the experiment, not one run: a knob here would make no sense.
-_NOT_KNOBS = frozenset({"output_dir", "num_chunks", "cache_budget_bytes", "clone_overrides"})
+_NOT_KNOBS = frozenset({"output_dir", "num_chunks", "cache_budget_bytes", "clone_overrides",
+                        "checkpoint_every"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,6 +133,17 @@ class RFConfigMixin:
             "<output_dir>/.rapidfire/cache on disk."
         },
     )
+    checkpoint_every: str = field(
+        default="60s",
+        metadata={
+            "help": "How often a run's state (adapter, optimizer, scheduler, random streams, "
+            "data position) is written at a chunk boundary: a time of that run's training "
+            '("60s", "5m", or a number of seconds) or a number of chunks ("4 chunks"; "chunk": '
+            "every boundary). A crash costs at most that much of each run's training, which a "
+            "re-run trains again exactly. A run's state is always written when it is stopped, "
+            "cloned warm, finished, or leaves the worker (end of train(), Ctrl-C)."
+        },
+    )
     clone_overrides: list[str] | None = field(
         default=None,
         metadata={
@@ -153,7 +166,8 @@ class RFConfigMixin:
     trl_config_class: ClassVar[type]
     _removed_options: ClassVar[dict[str, Removed]] = {}
     _rf_only_fields: ClassVar[frozenset[str]] = frozenset(
-        {"num_chunks", "warmup_ratio", "cache_budget_bytes", "clone_overrides"}
+        {"num_chunks", "warmup_ratio", "cache_budget_bytes", "clone_overrides",
+         "checkpoint_every"}
     )
 
     # ---- construction ------------------------------------------------------------------------
@@ -275,6 +289,7 @@ class RFConfigMixin:
                 f"`cache_budget_bytes` must be an integer >= 0, got {budget!r}. "
                 "Use e.g. cache_budget_bytes=4 * 2**30 (4 GiB); 0 keeps parked runs on disk."
             )
+        parse_cadence(raw["checkpoint_every"])
         allowed = raw.get("clone_overrides")
         if allowed is not None and (isinstance(allowed, str) or not all(
                 isinstance(k, str) and k for k in allowed)):

@@ -64,7 +64,8 @@ __all__ = [
 ]
 
 VERBS = ("stop", "resume", "delete", "clone", "clone-warm")
-_EXPERIMENT_WIDE = frozenset({"output_dir", "num_chunks", "cache_budget_bytes", "report_to"})
+_EXPERIMENT_WIDE = frozenset({"output_dir", "num_chunks", "cache_budget_bytes", "report_to",
+                              "checkpoint_every"})
 # An override's value is a number, a name, a list of names or a mapping of numbers (3 levels
 # with the overrides' own object); a little room beyond that, nothing like a parser's limit.
 _OP_DEPTH = 8

@@ -1,6 +1,7 @@
 """Where each run's last chunk boundary lives on disk, written so a crash never leaves half of it.
 
-At every chunk boundary a run writes an ordinary Hugging Face checkpoint (adapter or model
+At a chunk boundary (as often as ``checkpoint_every`` says, see :mod:`trl_rapidfire.cadence`)
+a run writes an ordinary Hugging Face checkpoint (adapter or model
 weights, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``, ``trainer_state.json``) into
 ``<output_dir>/.rapidfire/checkpoints/<run>/checkpoint-<step>``. The Trainer writes a checkpoint
 folder in place, file by file; a process killed half-way would leave a folder that looks like a

@@ -2,9 +2,12 @@
 
 Runs that train LoRA (any PEFT) adapters on the same base model share ONE loaded copy of it:
 the :class:`ModelPool` loads each distinct base model once and wraps it in one multi-adapter
-``PeftModel`` in which every run has an adapter of its own (PEFT's ``add_adapter`` /
-``set_adapter``). Only the active adapter takes part in the forward pass and only its weights
-require gradients, so a run trains exactly as it would on a model holding its adapter alone.
+``PeftModel`` in which every run has an adapter of its own (PEFT's ``add_adapter``). Only the
+active adapter is in the model's module tree at all: the others are *detached* (their modules
+taken out of PEFT's per-adapter containers, the very objects kept), so everything that walks
+the model (the Trainer's ``model.train()``, ``zero_grad``, gradient clipping, parameter
+grouping, PEFT's state dicts, FLOP counting) walks the base model and one adapter, whatever
+the number of runs. A run trains exactly as it would on a model holding its adapter alone.
 
 Full fine-tuning runs of the same base model share one module object too; their weights are
 swapped in and out of it (:mod:`trl_rapidfire.residency`), starting from a copy of the
@@ -133,6 +136,9 @@ class ModelGroup:
     _aux_modules: list[Any] | None = field(default=None, repr=False)
     # adapter -> (container, key, value) entries taken out of the tuner layers by detach()
     _detached: dict[str, list[tuple[Any, str, Any]]] = field(default_factory=dict, repr=False)
+    # The adapters in the module tree now (after activate(): the active one alone, unless
+    # one cannot be detached); what activate() detaches, without looking at the other runs.
+    _attached: set[str] = field(default_factory=set, repr=False)
     # adapter -> the parameters PEFT's set_adapter made trainable for it; and the adapter the
     # last activate() left active (None: its invariant may not hold, e.g. after add_adapter)
     _trainable: dict[str, list[torch.nn.Parameter]] = field(default_factory=dict, repr=False)
@@ -143,7 +149,9 @@ class ModelGroup:
 
         Does what ``PeftModel.set_adapter`` does, on lists of the adapter layers found once
         instead of walking every module of the model at every switch (1 ms per switch on the
-        tiny test model, far more on a real one). A detached adapter is attached first.
+        tiny test model, far more on a real one). A detached adapter is attached first, and
+        every other adapter is detached after (see :meth:`detach`): the model then holds the
+        base weights and this adapter only.
         """
         model = self.model
         if model.peft_config[name].is_prompt_learning:
@@ -180,6 +188,8 @@ class ModelGroup:
             self._trainable[name] = self._made_trainable(name)
         model.base_model.active_adapter = name
         self._active = name
+        for other in list(self._attached - {name}):
+            self.detach(other)
 
     def _made_trainable(self, name: str) -> list[torch.nn.Parameter]:
         return [p for p in self._adapter_modules_params(name) if p.requires_grad]
@@ -212,11 +222,14 @@ class ModelGroup:
     def detach(self, name: str) -> bool:
         """Take adapter ``name``'s modules out of the model, keeping the very objects.
 
-        A run that is out of the rotation (stopped, finished, failed) keeps its parameter
-        objects, so its optimizer and parked state stay valid, but the model no longer walks
-        them: the Trainer calls ``model.train()``, ``zero_grad()`` and gradient clipping over
-        every module and parameter at every step, and with many adapters that Python-level walk
-        costs more than a tiny model's step. :meth:`attach` puts them back as they were.
+        Every run but the active one is detached between its turns (:meth:`activate` does
+        it): it keeps its parameter objects, so its optimizer and parked state stay valid, but
+        the model no longer walks them. The Trainer calls ``model.train()``, ``zero_grad()``
+        and gradient clipping over every module and parameter at every step, builds its
+        optimizer's parameter groups from a walk over every module, and PEFT's state dicts
+        walk the whole model: with every run's adapter attached each of these grew with the
+        number of runs (a step at 128 runs cost 5.75x a step at 8 on the tiny model).
+        :meth:`attach` puts the modules back as they were.
         Returns whether the adapter was detached (not the active one, not prompt learning,
         no ``modules_to_save``/trainable-token wrappers, which keep per-adapter copies).
         """
@@ -224,8 +237,7 @@ class ModelGroup:
         if (not self.peft or name in self._detached or name not in model.peft_config
                 or name == model.active_adapter or model.peft_config[name].is_prompt_learning):
             return False
-        self._find_layers()
-        if any(name in getattr(m, "_adapters", ()) for m in self._aux_modules):
+        if self._needs_attached(name):
             return False
         taken = []
         for layer in self._tuner_layers:
@@ -238,11 +250,25 @@ class ModelGroup:
                     taken.append((container, name, container[name]))
                     del container[name]
         self._detached[name] = taken
+        self._attached.discard(name)
         return True
+
+    def _needs_attached(self, name: str) -> bool:
+        """Adapters that stay in the module tree: ``modules_to_save`` and trainable-token
+        wrappers keep per-adapter copies of base modules, which detaching would not cover."""
+        self._find_layers()
+        return any(name in getattr(m, "_adapters", ()) for m in self._aux_modules)
 
     def attach(self, name: str) -> None:
         """Put a detached adapter's modules back (no-op if it is in the model)."""
-        self._put_back(self._detached.pop(name, []))
+        if name in self._detached:
+            self._put_back(self._detached.pop(name))
+            self._attached.add(name)
+
+    @property
+    def attached(self) -> frozenset[str]:
+        """The adapters in the model's module tree now (the others are detached)."""
+        return frozenset(self._attached)
 
     @staticmethod
     def _put_back(taken: list[tuple[Any, str, Any]]) -> bool:
@@ -254,7 +280,9 @@ class ModelGroup:
         """Remove run adapter ``name`` from the model (a run whose build failed half-way)."""
         peft_config = getattr(self.model, "peft_config", None)
         if isinstance(peft_config, dict) and name in peft_config:
+            self.attach(name)  # PEFT deletes what is in the module tree
             self.model.delete_adapter(name)
+            self._attached.discard(name)
             self._forget_layers()
 
     def add_adapter(self, name: str, peft_config: Any, seed: int) -> list[torch.nn.Parameter]:
@@ -275,6 +303,7 @@ class ModelGroup:
                 warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated",
                                         FutureWarning, "transformers")
                 self.model = get_peft_model(self.base, config, adapter_name=name)
+        self._attached.add(name)
         return adapter_params(self.model, name)
 
 

@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
@@ -38,6 +39,11 @@ _CHANGE_GAP = 10
 # Statuses a run takes in the ordinary course of the schedule: no reason for a table. (Every
 # run completes in the last round, one per boundary; the final table shows them.)
 _ON_COURSE = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.COMPLETED)
+
+
+def _now(value: Any) -> Any:
+    """``value``, or what it returns when it is a function (lazily built views)."""
+    return value() if callable(value) else value
 
 
 def runs_table(runs: Sequence[RunResult], width: int | None = TABLE_WIDTH) -> str:
@@ -83,15 +89,18 @@ class LogCadence:
         return tuple((r.name, "on course" if r.status in _ON_COURSE else r.status.value,
                       r.last_op) for r in runs)
 
-    def due(self, runs: Sequence[RunResult]) -> bool:
-        """A boundary passed with ``runs`` as they are now: print the table?"""
+    def due(self, runs: Sequence[RunResult] | Callable[[], Sequence[RunResult]]) -> bool:
+        """A boundary passed with ``runs`` as they are now (or what returns them, asked only
+        when a table may be due: the runs are many, boundaries more): print the table?"""
         self.seen += 1
-        state = self.state(runs)
+        if self._printed_at is not None and self.seen - self._printed_at < self.min_gap:
+            return False
+        state = self.state(_now(runs))
         if self._printed_at is None:
             due = True
         else:
             gap = self.seen - self._printed_at
-            due = gap >= self.every or (state != self._printed and gap >= self.min_gap)
+            due = gap >= self.every or state != self._printed
         if due:
             self._printed_at, self._printed = self.seen, state
         return due
@@ -143,7 +152,12 @@ class ExperimentProgress:
         self._table: Any = None  # the notebook output the table lives in
         self._stream = stream or sys.stdout
         self._cadence = LogCadence(total_chunks)
-        self._last: tuple[Sequence[RunResult], int] | None = None  # the latest runs (log mode)
+        # The latest runs and chunks done (log mode), or what returns them.
+        self._last: tuple[Any, Any] | None = None
+        # A live or notebook view: when it was last drawn, and what it has not drawn yet.
+        self.redraw_seconds = 0.25
+        self._drawn_at = -math.inf
+        self._pending: tuple[Any, Any] | None = None
         if not enabled:
             return
         if self._display is None and live_terminal(self._stream):
@@ -183,19 +197,35 @@ class ExperimentProgress:
         elif self._bar is not None:
             self._bar.set_postfix_str(run)
 
-    def chunk_done(self, runs: Sequence[RunResult], done: int) -> None:
+    def chunk_done(self, runs: Sequence[RunResult] | Callable[[], Sequence[RunResult]],
+                   done: int | Callable[[], int]) -> None:
         """A chunk ended; ``done`` chunks of the experiment are finished (by any worker, in
-        any session)."""
+        any session). Each may be given as what returns it: with many runs and short chunks
+        a view that redraws in place is redrawn at most every ``redraw_seconds`` (the latest
+        state is drawn at :meth:`close`), so that building the table of every run is not a
+        cost of every chunk."""
         if not self.showing:
             return
+        if self._display is None and self._live is None:  # a log: LogCadence decides
+            if self._cadence.due(runs):
+                self._last = (_now(runs), _now(done))
+                self.set_done(self._last[1])
+                self._write_table()
+            else:
+                self._last = (runs, done)
+                self.set_done(_now(done))
+            return
+        now = time.monotonic()
+        if now - self._drawn_at < self.redraw_seconds:
+            self._pending = (runs, done)
+            return
+        self._drawn_at, self._pending = now, None
+        self._draw(_now(runs), _now(done))
+
+    def _draw(self, runs: Sequence[RunResult], done: int) -> None:
         self.set_done(done)
         if self._live is not None:
             self._live.show(runs)
-            return
-        if self._display is None:
-            self._last = (runs, done)
-            if self._cadence.due(runs):
-                self._write_table()
             return
         text = runs_table(runs)
         data = {"text/plain": text, "text/html": f"<pre>{html.escape(text)}</pre>"}
@@ -214,6 +244,9 @@ class ExperimentProgress:
 
     def close(self) -> None:
         """End the display; the last state stays on screen (a log gets its last table)."""
+        if self._pending is not None and (self._live is not None or self._bar is not None):
+            pending, self._pending = self._pending, None
+            self._draw(_now(pending[0]), _now(pending[1]))
         if self._live is not None:
             self._live.close()
             self._live = None
@@ -224,7 +257,7 @@ class ExperimentProgress:
             self._bar = None
 
     def _write_table(self) -> None:
-        runs, done = self._last
+        runs, done = _now(self._last[0]), _now(self._last[1])
         self._bar.write(f"chunks {done}/{self._bar.total}\n{runs_table(runs)}", file=self._stream)
 
 

@@ -119,6 +119,10 @@ class RunState:
         error: why the run failed, when it did.
         parent: the run this one was cloned from, if any.
         warm_start: whether a clone started from its parent's weights.
+        durable_chunks, durable_step: the run's last durable point (its checkpoint, or its
+            final weights, is on disk there). Chunks done beyond it are *volatile*: they live
+            in the worker that trained them (``ExperimentState.owner``) and are trained again
+            if it is gone (see :mod:`trl_rapidfire.cadence`).
     """
 
     name: str
@@ -129,6 +133,13 @@ class RunState:
     error: str | None = None
     parent: str | None = None
     warm_start: bool = False
+    durable_chunks: int = 0
+    durable_step: int = 0
+
+    @property
+    def volatile(self) -> bool:
+        """Whether chunks were done since the run's last durable point."""
+        return self.chunks_done > self.durable_chunks
 
     def __setattr__(self, key: str, value: Any) -> None:
         object.__setattr__(self, key, value)
@@ -164,6 +175,7 @@ class RunState:
             "name": self.name, "knobs": self.knobs, "status": self.status.value,
             "chunks_done": self.chunks_done, "global_step": self.global_step,
             "error": self.error, "parent": self.parent, "warm_start": self.warm_start,
+            "durable_chunks": self.durable_chunks, "durable_step": self.durable_step,
         }
 
     @classmethod
@@ -173,4 +185,7 @@ class RunState:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"Unknown run-state keys {sorted(unknown)}.")
-        return cls(**{**data, "status": RunStatus(data.get("status", "pending"))})
+        # A state written before checkpoint_every existed: every recorded chunk was durable.
+        durable = {"durable_chunks": data.get("chunks_done", 0),
+                   "durable_step": data.get("global_step", 0)}
+        return cls(**{**durable, **data, "status": RunStatus(data.get("status", "pending"))})

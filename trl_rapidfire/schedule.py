@@ -85,7 +85,9 @@ def append_schedule_row(record: ChunkRecord, path: str | os.PathLike) -> None:
 def read_schedule_csv(path: str | os.PathLike) -> list[ChunkRecord]:
     """Read back a schedule file; a last line cut short by a crash is skipped, and so is a
     row whose run is not a run name (the file is in the experiment's folder, which others may
-    write to: its names must not become paths)."""
+    write to: its names must not become paths). A chunk trained twice (its first training was
+    volatile and lost with a crashed worker, see :mod:`trl_rapidfire.cadence`) keeps its last
+    row, in that row's place."""
     types = {f.name: f.type for f in dataclasses.fields(ChunkRecord)}
     out = []
     text = read_bytes(path, max_bytes=STATE_BYTES).decode("utf-8", errors="replace")
@@ -103,7 +105,8 @@ def read_schedule_csv(path: str | os.PathLike) -> list[ChunkRecord]:
             continue  # an incomplete line
         if is_run_name(kwargs["run"]):
             out.append(ChunkRecord(**kwargs))
-    return out
+    last = {(r.run, r.number): i for i, r in enumerate(out)}
+    return out if len(last) == len(out) else [out[i] for i in sorted(last.values())]
 
 
 @dataclass(frozen=True)

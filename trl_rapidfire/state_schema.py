@@ -22,13 +22,14 @@ from .trust import UntrustedValue, is_run_name
 __all__ = ["MAPS", "SCALARS", "BadState", "check_document", "check_line", "is_proposal"]
 
 # Maps whose entries a journal line sets or deletes one by one (the others are replaced whole).
-MAPS = ("runs", "chunks_total", "claims", "owner", "last_run", "clones", "gang_size")
+MAPS = ("runs", "chunks_total", "claims", "owner", "last_run", "clones", "gang_size", "seen",
+        "idle")
 SCALARS = ("fingerprint", "ready", "wall_seconds", "searching")
 _WHOLE = frozenset({*MAPS, *SCALARS, "order", "gang"})
 _LINE_KEYS = frozenset({"set", "del", "put", "append"})
 _DOC_KEYS = frozenset({"format", "version", "generation", *_WHOLE})
 _RUN_KEYS = frozenset({"name", "knobs", "status", "chunks_done", "global_step", "error",
-                       "parent", "warm_start"})
+                       "parent", "warm_start", "durable_chunks", "durable_step"})
 _TEXT = 4096  # a worker id, a fingerprint, a launch id, a run's error (cut to this)
 
 
@@ -82,6 +83,8 @@ def _run(key: str, value: Any, where: str) -> None:
         raise _fail(where, f"{value.get('status')!r} is not a run status")
     _count(value.get("chunks_done", 0), f"{where}.chunks_done")
     _count(value.get("global_step", 0), f"{where}.global_step")
+    _count(value.get("durable_chunks", 0), f"{where}.durable_chunks")
+    _count(value.get("durable_step", 0), f"{where}.durable_step")
     if value.get("error") is not None:
         _text(value["error"], f"{where}.error", limit=SMALL_FILE_BYTES)
     if value.get("parent") is not None:
@@ -111,7 +114,8 @@ def _worker_entry(key: str, value: Any, where: str) -> None:
     _text(value, where)
 
 
-# How one entry of each map is checked (its key is a run name, except last_run's: a worker).
+# How one entry of each map is checked (its key is a run name, except last_run's, seen's and
+# idle's: a worker).
 _ENTRY: dict[str, Callable[[str, Any, str], None]] = {
     "runs": _run,
     "chunks_total": lambda k, v, w: _count(v, w),
@@ -120,12 +124,14 @@ _ENTRY: dict[str, Callable[[str, Any, str], None]] = {
     "last_run": lambda k, v, w: _run_name(v, w),
     "clones": _recipe,
     "gang_size": lambda k, v, w: _count(v, w, least=1),
+    "seen": lambda k, v, w: _number(v, w),
+    "idle": lambda k, v, w: _number(v, w),
 }
 
 
 def _entry(name: str, key: Any, value: Any, where: str) -> None:
     here = f"{where}.{name}[{str(key)[:40]!r}]"
-    if name == "last_run":
+    if name in ("last_run", "seen", "idle"):  # keyed by worker
         _text(key, here)
     else:
         _run_name(key, here)

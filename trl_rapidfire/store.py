@@ -38,9 +38,12 @@ __all__ = [
     "disband_forming_gang",
     "finish_gang_chunk",
     "gang_ready",
+    "handoff",
     "is_proposal",
+    "mark_durable",
     "release",
     "renew",
+    "roll_back",
 ]
 
 _FORMAT = "trl-rapidfire/scheduler-state"
@@ -71,7 +74,14 @@ class ExperimentState:
         order: run names in declaration order (the scheduler's last tie-break).
         claims: run name -> the claim on it, if a worker is training it.
         owner: run name -> the worker that trained its last chunk (affinity: the run's live
-            state is on that worker; anywhere else it is restored from its checkpoint).
+            state is on that worker; anywhere else it is restored from its checkpoint). While
+            a run has volatile chunks (done since its last durable point) only its owner may
+            claim it; if the owner is gone they are lost (:func:`expire`).
+        seen: worker -> when it last claimed or renewed (``time.time()``): how a worker on
+            another machine, whose process cannot be asked, is known to be gone.
+        idle: worker -> since when it has found nothing to claim but other workers' volatile
+            runs; their owners write those runs' state so that it can take some
+            (:func:`handoff`).
         last_run: worker -> the run it trained last (its state is on the device there).
         ready: the launch whose first worker has set the experiment up (applied the ops its
             script queued before training); the other workers of a launch wait for it.
@@ -101,6 +111,8 @@ class ExperimentState:
     gang_size: dict[str, int] = field(default_factory=dict)
     gang: dict[str, Any] | None = None
     searching: bool = False
+    seen: dict[str, float] = field(default_factory=dict)
+    idle: dict[str, float] = field(default_factory=dict)
 
     def add_run(self, name: str, chunks_total: int, knobs: dict[str, Any] | None = None) -> None:
         if name in self.runs:
@@ -118,6 +130,7 @@ class ExperimentState:
             "owner": self.owner, "last_run": self.last_run, "clones": self.clones,
             "ready": self.ready, "wall_seconds": self.wall_seconds,
             "gang_size": self.gang_size, "gang": self.gang, "searching": self.searching,
+            "seen": self.seen, "idle": self.idle,
         }
 
     @classmethod
@@ -142,6 +155,8 @@ class ExperimentState:
             gang_size={n: int(v) for n, v in doc.get("gang_size", {}).items()},
             gang=doc.get("gang"),
             searching=bool(doc.get("searching", False)),
+            seen={w: float(t) for w, t in doc.get("seen", {}).items()},
+            idle={w: float(t) for w, t in doc.get("idle", {}).items()},
         )
 
     def live_claims(self) -> bool:
@@ -173,7 +188,8 @@ def claim_next(
     from its last boundary. Among equally advanced runs, those this worker trained last win
     (their state is live here).
     """
-    expire(state, now=now, alive=alive)
+    expire(state, now=now, alive=alive, lease_seconds=lease_seconds)
+    state.seen[worker] = now
     gang = state.gang
     if gang is not None:
         if worker in gang["done"]:
@@ -185,7 +201,11 @@ def claim_next(
         return gang["run"], gang["chunk"]
     name = choose(state, worker)
     if name is None:
+        if any(r.volatile and state.owner.get(n, worker) != worker and n not in state.claims
+               for n, r in state.runs.items()):
+            state.idle[worker] = now  # others hold runs it could train: they hand some over
         return None
+    state.idle.pop(worker, None)
     run = state.runs[name]
     if run.status == RunStatus.PENDING:
         run.move(RunStatus.RUNNING)
@@ -249,18 +269,32 @@ def choose(state: ExperimentState, worker: str,
     written; they count as if that chunk were recorded, so the caller can tell whether to
     wait for one of them rather than move on to another run.
     """
-    runs, totals, claims = state.runs, state.chunks_total, state.claims
+    runs, totals, claims, owner = state.runs, state.chunks_total, state.claims, state.owner
     views = (
         (n, i, runs[n].status, runs[n].chunks_done + (n in finishing), totals[n])
-        for i, n in enumerate(state.order) if n not in claims or n in finishing
+        for i, n in enumerate(state.order) if (n not in claims or n in finishing)
+        # Volatile chunks live in their owner only: nobody else can continue from them.
+        and (owner.get(n, worker) == worker or not runs[n].volatile)
     )
     mine = frozenset(n for n, w in state.owner.items() if w == worker)
     return pick_next(views, resident=state.last_run.get(worker), local=mine)
 
 
 def expire(state: ExperimentState, *, now: float,
-           alive: Callable[[str], bool | None] = process_alive) -> list[str]:
-    """Drop the claims of workers that are gone or whose lease ran out; returns their runs."""
+           alive: Callable[[str], bool | None] = process_alive,
+           lease_seconds: float | None = None) -> list[str]:
+    """Drop the claims of workers that are gone or whose lease ran out; returns their runs.
+
+    A gone worker's volatile chunks are lost with it: its runs go back to their last durable
+    point (see :func:`roll_back`). Gone: its process is not alive on this machine, or, on
+    another machine, it has not claimed or renewed for ``lease_seconds``."""
+    for worker, seen in list(state.seen.items()):
+        live = alive(worker)
+        if live is False or (live is None and lease_seconds is not None
+                             and seen + lease_seconds < now):
+            roll_back(state, worker)
+            del state.seen[worker]
+            state.idle.pop(worker, None)
     dropped = []
     for name, claim in list(state.claims.items()):
         if claim.lease_until <= now or alive(claim.worker) is False:
@@ -278,9 +312,46 @@ def expire(state: ExperimentState, *, now: float,
     return dropped
 
 
+def handoff(state: ExperimentState, worker: str) -> list[str]:
+    """The runs ``worker`` holds volatile and is not training, when another worker is idle
+    for want of them: their state is to be written (then anyone may claim them). The idle
+    workers are answered (they ask again if they still find nothing)."""
+    if not any(w != worker for w in state.idle):
+        return []
+    for other in [w for w in state.idle if w != worker]:
+        del state.idle[other]
+    return [n for n, who in state.owner.items() if who == worker and n not in state.claims
+            and n in state.runs and state.runs[n].volatile]
+
+
+def roll_back(state: ExperimentState, worker: str) -> list[str]:
+    """``worker`` is gone: the chunks its runs did since their last durable point are lost,
+    and the runs continue from there (trained again exactly: the checkpoint holds the random
+    streams, data position and optimizer). Returns those runs."""
+    lost = []
+    for name, who in state.owner.items():
+        record = state.runs.get(name)
+        if who == worker and record is not None and record.volatile:
+            record.chunks_done, record.global_step = record.durable_chunks, record.durable_step
+            lost.append(name)
+    return lost
+
+
+def mark_durable(state: ExperimentState, run: str, worker: str, chunks: int, step: int) -> bool:
+    """``worker`` wrote ``run``'s checkpoint at its boundary after ``chunks`` chunks (step
+    ``step``), after they were recorded: they are durable now. ``False`` if the record moved
+    meanwhile (the checkpoint is not of its last chunk)."""
+    record = state.runs.get(run)
+    if record is None or state.owner.get(run) != worker or record.chunks_done != chunks:
+        return False
+    record.durable_chunks, record.durable_step = chunks, step
+    return True
+
+
 def renew(state: ExperimentState, run: str, worker: str, *, now: float,
           lease_seconds: float) -> bool:
     """Extend ``worker``'s lease on ``run``; ``False`` if it no longer holds it."""
+    state.seen[worker] = now
     claim = state.claims.get(run)
     if claim is None or claim.worker != worker:
         return False
@@ -289,11 +360,13 @@ def renew(state: ExperimentState, run: str, worker: str, *, now: float,
 
 
 def finish_chunk(state: ExperimentState, run: str, worker: str, chunk: int, *,
-                 global_step: int | None = None, complete: bool = False) -> bool:
+                 global_step: int | None = None, complete: bool = False,
+                 durable: bool = True) -> bool:
     """Record that ``worker`` finished ``chunk`` of ``run`` and release the claim.
 
     ``complete``: the run's ``train()`` ended with this chunk (also when a callback ended it
-    before its plan did).
+    before its plan did); its final weights are on disk. ``durable``: the chunk's boundary
+    checkpoint is on disk; without it the chunk is volatile (see :func:`roll_back`).
 
     Returns ``False`` (and changes nothing) if the claim was lost meanwhile (lease expired and
     taken over): that chunk's work must be discarded, another worker is redoing it.
@@ -306,6 +379,8 @@ def finish_chunk(state: ExperimentState, run: str, worker: str, chunk: int, *,
     record.chunks_done = state.chunks_total[run] if complete else chunk + 1
     if global_step is not None:
         record.global_step = global_step
+    if durable or complete:
+        record.durable_chunks, record.durable_step = record.chunks_done, record.global_step
     state.owner[run] = worker
     if record.chunks_done >= state.chunks_total[run]:
         if record.status == RunStatus.STOPPED:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import enum
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,52 +32,18 @@ from ..store import (
     finish_chunk,
     finish_gang_chunk,
     gang_ready,
+    handoff,
+    mark_durable,
     release,
     renew,
+    roll_back,
 )
 from ..workers import WorkerInfo
+from .claims import Claim, Done, GangWait, Retry, Turn, Wait
 from .records import RunSlot, WeightsAt
 from .support import FaultNote, WallClock, json_knobs, load_trainer_state
 
 __all__ = ["Claim", "Coordinator", "Done", "GangWait", "Retry", "Turn", "Wait"]
-
-
-@dataclass(frozen=True, eq=False)
-class _Claim:
-    # The runs whose chunks the claim's transaction recorded: their turns end now.
-    recorded: tuple[RunSlot, ...] = field(default=(), kw_only=True)
-
-
-@dataclass(frozen=True, eq=False)
-class Turn(_Claim):
-    """This worker holds the claim of chunk number ``chunk`` of ``slot``: train it."""
-
-    slot: RunSlot
-    chunk: int
-
-
-@dataclass(frozen=True, eq=False)
-class Wait(_Claim):
-    """Nothing to claim now, but runs may come back: other workers are training them, or
-    this worker's own checkpoint writes are pending (their runs stay claimed until
-    recorded)."""
-
-
-@dataclass(frozen=True, eq=False)
-class Retry(_Claim):
-    """Claim again at once, after building ``clones`` (made by another worker: ``{name:
-    recipe}``) or waiting for ``write`` (the checkpoint of the run to train next)."""
-
-    clones: dict[str, dict[str, str]] = field(default_factory=dict)
-    write: concurrent.futures.Future | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class Done(_Claim):
-    """No run is left for this worker."""
-
-
-Claim = Turn | Wait | Retry | Done
 
 
 @dataclass(eq=False)
@@ -87,25 +52,19 @@ class _Pending:
 
     ``committed`` resolves once the background writer has written the chunk's checkpoint and
     recorded the chunk (or what stopped it) in the shared state, in a transaction of its own,
-    fsync'd: that cost stays off the switch path. ``None``: no checkpoint is written
-    (durability off); the next claim records it."""
+    fsync'd: that cost stays off the switch path. ``None``: no checkpoint is written (the
+    boundary is volatile, see :mod:`trl_rapidfire.cadence`, or durability is off); the next
+    claim records it."""
 
     slot: RunSlot
     record: ChunkRecord
     complete: bool  # the run's train() ended with this chunk
     chunks_total: int  # the run's plan as of this chunk
     committed: concurrent.futures.Future | None = None
+    durable: bool = False  # its checkpoint is written (or complete: its final weights)
     # What recording did: ("ok", chunks done), ("lost", ""), ("fault", message),
     # ("failed", error) or ("raised", the exception the state's write raised).
     outcome: tuple[str, Any] | None = None
-
-
-class GangWait(enum.Enum):
-    """How waiting for a gang's members ended."""
-
-    READY = "ready"  # every member joined: train the chunk together
-    BROKEN = "broken"  # a member is gone: the chunk will be trained again
-    TIMED_OUT = "timed out"  # the gang did not form in time: the run failed
 
 
 class Coordinator:
@@ -148,6 +107,9 @@ class Coordinator:
         # first takes in every chunk the writer recorded, never half of one.
         self._commits = threading.Lock()
         self._settled: list[RunSlot] = []  # runs whose chunks were recorded: turns to end
+        # Runs with volatile chunks here that were stopped (by this worker's ops or another's):
+        # their state is written at the next boundary of the loop.
+        self.stopped_volatile: list[RunSlot] = []
 
     # ------------------------------------------------------------------ this worker's view
 
@@ -163,7 +125,10 @@ class Coordinator:
                     st.add_run(slot.name, len(slot.plan), json_knobs(slot.knobs))
                     if slot.trainer is None:
                         st.runs[slot.name].fail(slot.error or "could not be set up")
-            expire(st, now=time.time())
+            expire(st, now=time.time(), lease_seconds=self.lease_seconds)
+            # Volatile chunks this process trained with an earlier trainer (one that met a
+            # disk fault, say) went with it: this engine holds none of them yet.
+            roll_back(st, self.worker.id)
             # Claims this worker left behind (an earlier trainer in this process that stopped
             # for a disk fault could not write their release): nobody is training them.
             for name in [n for n, c in st.claims.items() if c.worker == self.worker.id]:
@@ -173,7 +138,10 @@ class Coordinator:
             # Rows are appended under the same lock. Rewriting what is there drops a line a
             # crash cut short, so the next row starts on a line of its own.
             if self.schedule_path.exists():
-                self.schedule = read_schedule_csv(self.schedule_path)
+                # Chunks lost with a gone worker (volatile, see expire) are not done any more:
+                # their rows go, and the chunks get new ones when they are trained again.
+                self.schedule = [r for r in read_schedule_csv(self.schedule_path)
+                                 if r.run not in st.runs or r.number < st.runs[r.run].chunks_done]
             write_schedule_csv(self.schedule, self.schedule_path)
         return records, clones
 
@@ -181,6 +149,9 @@ class Coordinator:
         """Make this worker's view of ``slot`` the shared state's ``record``."""
         before = slot.state
         slot.state = record
+        if (record.status == RunStatus.STOPPED and before.status != RunStatus.STOPPED
+                and slot.volatile_chunks):
+            self.stopped_volatile.append(slot)
         if record.status == RunStatus.DELETED and before.status != RunStatus.DELETED:
             self._forget(slot)
             return
@@ -262,18 +233,21 @@ class Coordinator:
             if not clones and not held and write is None:
                 claimed = claim_next(st, self.worker.id, now=time.time(),
                                      lease_seconds=self.lease_seconds)
-            # A search that may still add runs: nobody leaves while it can.
-            waiting = st.live_claims() or st.searching
+            # Runs this worker holds volatile that an idle worker could take: written first.
+            handed = tuple(self.slots[n] for n in handoff(st, self.worker.id) if n in self.slots)
+            # A search that may still add runs: nobody leaves while it can; nor while runs
+            # held by other workers may be handed over.
+            waiting = st.live_claims() or st.searching or self.worker.id in st.idle
             self.sync(st)
-        recorded = tuple(finished)
+        done = {"recorded": tuple(finished), "handoff": handed}
         if clones:  # made by another worker: build them here too
-            return Retry(clones=clones, recorded=recorded)
+            return Retry(clones=clones, **done)
         if write is not None:
-            return Retry(write=write, recorded=recorded)
+            return Retry(write=write, **done)
         if claimed is not None:
             self._claimed = claimed
-            return Turn(self.slots[claimed[0]], claimed[1], recorded=recorded)
-        return Wait(recorded=recorded) if waiting or held else Done(recorded=recorded)
+            return Turn(self.slots[claimed[0]], claimed[1], **done)
+        return Wait(**done) if waiting or held else Done(**done)
 
     def turn_over(self) -> None:
         """The claimed chunk's turn is over: recorded, released or failed from here on."""
@@ -314,7 +288,8 @@ class Coordinator:
         writer, right after the checkpoint (one fsync'd transaction per chunk, none on the
         switch path); with no checkpoint written, by the next claim."""
         write, slot.write = slot.write, None
-        entry = _Pending(slot, record, complete=slot.finished, chunks_total=len(slot.plan))
+        entry = _Pending(slot, record, complete=slot.finished, chunks_total=len(slot.plan),
+                         durable=write is not None)
         self._pending.append(entry)
         if write is not None:
             entry.committed = concurrent.futures.Future()
@@ -354,7 +329,8 @@ class Coordinator:
             return ("failed", message)
         st.chunks_total[name] = entry.chunks_total
         if finish_chunk(st, name, self.worker.id, entry.record.number,
-                        global_step=entry.record.end_step, complete=entry.complete):
+                        global_step=entry.record.end_step, complete=entry.complete,
+                        durable=entry.durable):
             append_schedule_row(entry.record, self.schedule_path)
             return ("ok", st.runs[name].chunks_done)
         return ("lost", None)
@@ -410,6 +386,29 @@ class Coordinator:
             slots = self._record_finishes(st)
             self.sync(st)
         return slots
+
+    def mark_durable(self, writes: list[tuple[RunSlot, concurrent.futures.Future]]) -> None:
+        """Each run's volatile chunks are on disk once its write (its checkpoint at its last
+        recorded boundary) is done: record that, durably, in one transaction. The caller
+        waited for the writes (see ``durability.make_durable``)."""
+        done = []
+        for slot, write in writes:
+            error = write.exception()
+            if error is None:
+                done.append(slot)
+                continue
+            detail = disk_fault(error, ours=True)
+            if detail is None:
+                raise error
+            self._fault.note(str(error) if isinstance(error, ExperimentFault) else
+                             fault_message("the checkpoint", None, detail))
+        if not done:
+            return
+        with self._transaction() as st:
+            for slot in done:
+                mark_durable(st, slot.name, self.worker.id, slot.state.chunks_done,
+                             slot.state.global_step)
+            self.sync(st)
 
     def wait_for_a_write(self) -> bool:
         """Block until the oldest chunk waiting for its checkpoint is recorded; ``False`` if

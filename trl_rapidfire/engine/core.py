@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cache import StateCache
+from ..cadence import DEFAULT_CADENCE, CheckpointCadence
 from ..faults import ExperimentFault, disk_fault, fault_message
 from ..folder_control import mark_alive, mark_ended
 from ..layout import Layout
@@ -36,6 +37,7 @@ from ..workers import WorkerInfo, current_worker
 from .building import new_slot, plan_for, register_failed
 from .clones import Clones
 from .coordination import Claim, Coordinator, Done, GangWait, Retry, Turn, Wait
+from .durability import make_durable
 from .ops import OpsDesk
 from .proposals import Proposals, Proposer
 from .records import EngineStats, RunSlot, WeightsAt
@@ -101,6 +103,7 @@ class Engine:
         policy: Policy | None = None,
         tracker: Tracker | None = None,
         proposer: Proposer | None = None,
+        checkpoint_every: CheckpointCadence | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
         self.layout = Layout(self.output_dir)
@@ -125,6 +128,7 @@ class Engine:
                             rebuild=runs.rebuild if runs is not None else None,
                             stats=self.stats)
         self._turns.durable = durable
+        self._turns.cadence = checkpoint_every or DEFAULT_CADENCE
         self._shared = Coordinator(
             store=self.store, worker=self.worker, slots=self.slots, forget=self._turns.forget,
             clock=self._clock, fault=self._fault, schedule_path=self.schedule_path,
@@ -289,6 +293,8 @@ class Engine:
                 self._flush_finishes()
                 self.apply_ops()
             self._proposals.step()
+            if self._shared.stopped_volatile:
+                self._write_stopped()
             match self._claim():
                 case Done():
                     # The last runs' results are told to the search (which may still add).
@@ -304,6 +310,13 @@ class Engine:
                         time.sleep(self.idle_wait)
                 case Turn() as turn:
                     self._turn(turn)
+
+    def _write_stopped(self) -> None:
+        """Stopped runs with volatile boundaries here: their state is written now (a stop
+        is a durable point, whoever resumes the run and wherever)."""
+        stopped, self._shared.stopped_volatile = self._shared.stopped_volatile, []
+        make_durable(self._turns, self._shared,
+                     [s for s in stopped if s.state.status == RunStatus.STOPPED])
 
     def _register(self) -> None:
         """First ``run()``: put this process's runs in the shared state, or take the state
@@ -324,6 +337,8 @@ class Engine:
         claim = self._shared.claim()
         for slot in claim.recorded:
             self._after_turn(slot)
+        if claim.handoff:
+            make_durable(self._turns, self._shared, claim.handoff)
         if isinstance(claim, Retry):
             self._build_added(claim.clones)
             if claim.write is not None:
@@ -366,6 +381,11 @@ class Engine:
         start_step = chunk.start_step if chunk is not None else slot.state.global_step
         self._switch_in(slot)
         if slot.coroutine is None:
+            # Its train() starts with a full gc.collect() (accelerate's free_memory): what the
+            # runs started before it made (optimizers, dataloaders, suspended frames) lives on,
+            # and frozen it is not scanned again, so a run's start does not grow with the
+            # number of runs started before it.
+            gc.freeze()
             slot.coroutine = RunCoroutine(lambda: self._turns.run_main(slot), name=slot.name)
         if self._progress is not None:
             self._progress.start(slot.name)
@@ -417,7 +437,7 @@ class Engine:
             self._turns.remove_checkpoints(slot)
         self._reporter.report(slot)
         if self._progress is not None and self._progress.showing and slot.error is None:
-            self._progress.chunk_done(self.results(), self._chunks_done())
+            self._progress.chunk_done(self.results, self._chunks_done)  # built when drawn
 
     def _flush_finishes(self) -> None:
         self._turns.open_writes()
@@ -436,6 +456,12 @@ class Engine:
         # A disk fault in the clean-up is noted, never raised over what ended the loop.
         with self._fault.kept():
             self._flush_finishes()  # a finished chunk is never lost, whatever stopped
+        if self._fault.message is None:
+            with self._fault.kept():
+                # The runs leave this worker: what the cadence left volatile is written.
+                make_durable(self._turns, self._shared, [
+                    s for s in self.slots.values() if s.volatile_chunks
+                    and s.state.status in (RunStatus.RUNNING, RunStatus.STOPPED)])
         with self._fault.kept():
             self._shared.release_claim()
         # A completed run's checkpoints are gone when train() returns, and no thread of this

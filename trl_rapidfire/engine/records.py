@@ -49,9 +49,11 @@ class EngineStats:
     compute: float = 0.0
     turns: int = 0
     # Boundary checkpoints: how many, the time spent on them inside the runs' turns (counted
-    # in ``compute``: references, copies, RNG streams) and on the writer thread while the
-    # next run trains (the files and their fsyncs).
+    # in ``switching``, not ``compute``: serializing, RNG streams) and on the writer thread
+    # while the next run trains (the files and their fsyncs); and the boundaries left
+    # volatile by ``checkpoint_every``.
     checkpoints: int = 0
+    volatile_boundaries: int = 0
     checkpoint_in_turn: float = 0.0
     checkpoint_writing: float = 0.0
 
@@ -143,6 +145,12 @@ class RunSlot:
     epoch_end_rng: tuple[int, RngState] | None = None
     # The checkpoint write of the boundary that ended the run's current turn.
     write: Any = None
+    # Its boundaries since the last durable one that were not written (checkpoint_every), and
+    # its compute seconds at that durable point: what the cadence decides on.
+    volatile_chunks: int = 0
+    durable_compute: float = 0.0
+    # Its train() is suspended at a chunk boundary (where a checkpoint may be taken later).
+    at_boundary: bool = False
     # Set when the run's turn met a disk fault (see faults.py): the experiment stops.
     fault: str | None = None
 

@@ -16,12 +16,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ..accelerate_state import restore_accelerate_state, snapshot_accelerate_state
 from ..cache import StateCache
+from ..cadence import DEFAULT_CADENCE, CheckpointCadence
 from ..durable import checkpoint_at, prune_checkpoints, write_atomically, write_atomically_together
 from ..faults import ExperimentFault, disk_fault, fault_message
 from ..models import ModelPool
@@ -67,9 +67,10 @@ class Turns:
         self.pool = pool
         self.slots = slots
         self.rank = rank
-        # Write each run's checkpoint at every chunk boundary (what crash recovery and moving
-        # runs between workers rest on).
+        # Write each run's checkpoint at chunk boundaries (what crash recovery and moving
+        # runs between workers rest on), at most as often as the cadence says.
         self.durable = True
+        self.cadence: CheckpointCadence = DEFAULT_CADENCE
         self.rebuild = rebuild
         # The run whose tensors were switched in last.
         self.resident: RunSlot | None = None
@@ -77,6 +78,8 @@ class Turns:
         # recently trained first: host tensors the state cache would only have taken over
         # as they are, counted against its budget (see _set_aside).
         self._idle: OrderedDict[str, RunSlot] = OrderedDict()
+        self._idle_bytes: dict[str, int] = {}  # each idle run's bytes when it was set aside
+        self._held = 0  # their sum
         self.stats = stats if stats is not None else EngineStats()
         self._replanned = replanned
         # One thread writes boundary checkpoints while the next run trains (made at the first
@@ -112,15 +115,25 @@ class Turns:
     def end_turn(self, slot: RunSlot) -> None:
         """Called inside the run's coroutine at a chunk boundary: suspend until resumed."""
         slot.compute_seconds += time.perf_counter() - slot.resumed_at
+        slot.at_boundary = True
         slot.coroutine.suspend()
+        slot.at_boundary = False
         slot.resumed_at = time.perf_counter()
 
-    def save_boundary(self, slot: RunSlot) -> None:
-        """Inside the run's turn, at a chunk boundary: write its checkpoint (atomically).
-        The chunk counts as done only after this."""
+    def save_boundary(self, slot: RunSlot, *, force: bool = False) -> None:
+        """At a chunk boundary (inside the run's turn, or with the run switched in while its
+        train() is suspended there: ``force``): write its checkpoint (atomically) if the
+        cadence says it is due; else the boundary stays volatile. A written chunk counts as
+        durable only once its checkpoint is on disk."""
         if not self.durable or slot.checkpoints is None:
             return
         step = int(slot.trainer.state.global_step)
+        if not (force or slot.gang or self._due(slot)):
+            # The random streams of an epoch-end boundary stay with the run: a checkpoint
+            # taken at this boundary later must record them.
+            slot.volatile_chunks += 1
+            self.stats.volatile_boundaries += 1
+            return
         rng = None
         if slot.epoch_end_rng is not None and slot.epoch_end_rng[0] == step:
             rng = slot.epoch_end_rng[1]
@@ -138,11 +151,15 @@ class Turns:
         started = time.perf_counter()
         with disk_faults("the checkpoint", target):
             finish = slot.trainer.rf_save_boundary(target, rng)
+        spent = time.perf_counter() - started
         self.stats.checkpoints += 1
-        self.stats.checkpoint_in_turn += time.perf_counter() - started
-        # The checkpoint of the last boundary the shared state has recorded stays until this
-        # one is recorded too (a crash in between resumes from it); older ones go.
-        keep = (target, slot.checkpoints / f"checkpoint-{slot.state.global_step}")
+        self.stats.checkpoint_in_turn += spent
+        # Durability is the engine's cost, not the run's: out of the turn's compute time.
+        slot.resumed_at += spent
+        slot.volatile_chunks, slot.durable_compute = 0, self._compute_now(slot)
+        # The checkpoint of the last durable boundary the shared state has recorded stays
+        # until this one is recorded too (a crash in between resumes from it); older ones go.
+        keep = (target, slot.checkpoints / f"checkpoint-{slot.state.durable_step}")
         folder = slot.checkpoints
 
         def write() -> None:
@@ -158,6 +175,29 @@ class Turns:
         # Written while the next run trains; the chunk is recorded as done only after.
         self._gate.clear()
         slot.write = self._writer.submit(write)
+
+    def _due(self, slot: RunSlot) -> bool:
+        return self.cadence.due(slot.volatile_chunks + 1,
+                                self._compute_now(slot) - slot.durable_compute)
+
+    @staticmethod
+    def _compute_now(slot: RunSlot) -> float:
+        """The run's compute seconds so far, its current turn included (when inside it)."""
+        if slot.at_boundary:
+            return slot.compute_seconds
+        return slot.compute_seconds + time.perf_counter() - slot.resumed_at
+
+    def make_durable(self, slot: RunSlot) -> concurrent.futures.Future | None:
+        """Between turns: write the checkpoint of the boundary ``slot``'s train() is
+        suspended at, if that boundary is volatile (it is stopped, cloned warm, or leaves this
+        worker). Returns the write (``None``: nothing to write)."""
+        if slot.volatile_chunks == 0 or not slot.at_boundary or slot.coroutine is None:
+            return None
+        self.switch_in(slot)
+        self.save_boundary(slot, force=True)
+        self.switch_out(slot)
+        write, slot.write = slot.write, None
+        return write
 
     def load_warm_optimizer_state(self, slot: RunSlot) -> None:
         """Inside the clone's ``train()``, once its optimizer exists: give it the parent's
@@ -217,7 +257,7 @@ class Turns:
         prev = self.resident
         if prev is not None and prev is not slot and prev.residency.resident:
             self._set_aside(prev)
-        self._idle.pop(slot.name, None)
+        self._unidle(slot.name)
         if slot.gang:
             # Its own model, sharded by its trainer, never leaves: nothing to bring back (its
             # train() loads a checkpoint it continues from).
@@ -244,7 +284,6 @@ class Turns:
         self.resident = slot
         if slot.adapter is not None and slot.group.model.active_adapter != slot.adapter:
             slot.group.activate(slot.adapter)
-        self._detach_idle(slot.group)
         self._restore_run_state(slot)
 
     def _set_aside(self, slot: RunSlot) -> None:
@@ -261,31 +300,28 @@ class Turns:
                 or not slot.residency.on_host()):
             slot.residency.park(self.cache, slot.trainer.optimizer)
             return
+        # The bytes idle runs hold are kept as a running sum: nothing here walks the other
+        # runs (a turn's cost must not grow with their number).
+        size = slot.residency.live_bytes(slot.trainer.optimizer)
         self._idle[slot.name] = slot
-        for other in [s for s in self._idle.values() if not s.state.status.schedulable]:
-            self.park(other)  # out of the rotation meanwhile (another worker finished it)
+        self._idle_bytes[slot.name] = size
+        self._held += size
         budget = self.cache.budget_bytes - self.cache.bytes_in_memory
-        held = sum(s.residency.live_bytes(s.trainer.optimizer) for s in self._idle.values())
-        while self._idle and held > budget:
-            _, oldest = self._idle.popitem(last=False)
-            held -= oldest.residency.live_bytes(oldest.trainer.optimizer)
+        while self._idle and self._held > budget:
+            name, oldest = self._idle.popitem(last=False)
+            self._held -= self._idle_bytes.pop(name)
             oldest.residency.park(self.cache, oldest.trainer.optimizer)
             budget = self.cache.budget_bytes - self.cache.bytes_in_memory
+
+    def _unidle(self, name: str) -> None:
+        if self._idle.pop(name, None) is not None:
+            self._held -= self._idle_bytes.pop(name)
 
     def _restore_run_state(self, slot: RunSlot) -> None:
         restore_accelerate_state(slot.accelerate)
         for obj, state in zip(slot.stateful, slot.stateful_states):
             obj.load_state_dict(copy.deepcopy(state))
         slot.rng.restore()
-
-    def _detach_idle(self, group: Any) -> None:
-        """Runs out of the rotation (stopped, finished, failed, deleted) leave the shared
-        model's module tree; their parameter objects stay with them (see
-        ``ModelGroup.detach``). ``activate`` brings one back when it is needed."""
-        for other in self.slots.values():
-            if (other.group is group and other.adapter is not None
-                    and not other.residency.resident and not other.state.status.schedulable):
-                group.detach(other.adapter)
 
     def switch_out(self, slot: RunSlot) -> None:
         slot.rng = RngState.capture()
@@ -303,14 +339,14 @@ class Turns:
 
     def park(self, slot: RunSlot) -> None:
         """Park ``slot``'s tensors now (a stopped run) instead of at the next switch."""
-        self._idle.pop(slot.name, None)
+        self._unidle(slot.name)
         slot.residency.park(self.cache, slot.trainer.optimizer)
         if self.resident is slot:
             self.resident = None
 
     def drop(self, slot: RunSlot) -> None:
         """Forget a failed run's tensors."""
-        self._idle.pop(slot.name, None)
+        self._unidle(slot.name)
         slot.residency.drop(self.cache)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # after an out-of-memory error, give the rest back
@@ -321,7 +357,7 @@ class Turns:
         """Unwind a deleted (or policy-failed) run's ``train()`` and forget its tensors."""
         if slot.coroutine is not None and not slot.coroutine.finished:
             slot.coroutine.abort()
-        self._idle.pop(slot.name, None)
+        self._unidle(slot.name)
         slot.residency.drop(self.cache)
         if self.resident is slot:
             self.resident = None
@@ -378,6 +414,7 @@ class Turns:
                 raise RuntimeError(f"{slot.name}: this experiment cannot rebuild a trainer")
             self.attach(slot, self.rebuild(slot))
         slot.resume_from = ckpt
+        slot.volatile_chunks, slot.durable_compute = 0, slot.compute_seconds
         slot.weights = WeightsAt.CHECKPOINT
         slot.warm_optimizer_state = None  # a warm clone's start: its checkpoint supersedes it
         slot.warm_checkpoint = None

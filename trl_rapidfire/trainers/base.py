@@ -23,6 +23,7 @@ from transformers.trainer_utils import TrainOutput
 
 from ..accelerate_state import left_as_found, restore_accelerate_state
 from ..cache import StateCache
+from ..cadence import DEFAULT_CADENCE, parse_cadence
 from ..configs import RFConfigError, RFConfigMixin
 from ..control import OpRecord
 from ..engine import Engine, RunFailure
@@ -131,7 +132,9 @@ class RFTrainerMixin:
         self._rf_engine = Engine(layout.output_dir, cache, progress=not args.disable_tqdm,
                                  lease_seconds=lease,
                                  pool=self._rf_pool, store=store, runs=builder, policy=policy,
-                                 tracker=tracker, proposer=proposer)
+                                 tracker=tracker, proposer=proposer,
+                                 checkpoint_every=parse_cadence(
+                                     getattr(args, "checkpoint_every", DEFAULT_CADENCE)))
         self._rf_best: str | None = None
         for spec in specs:
             try:

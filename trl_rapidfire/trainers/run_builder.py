@@ -115,7 +115,9 @@ class RunBuilder:
         if peft_config is not None:
             adapter = adapter_name(spec.index)
             params = group.add_adapter(adapter, peft_config, seed=config.seed)
-            group.model.set_adapter(adapter)
+            # Active, and the only adapter in the model's module tree: building the next
+            # run walks the base model and two adapters, not every run's (see models.py).
+            group.activate(adapter)
             resident = True
         else:
             adapter = None

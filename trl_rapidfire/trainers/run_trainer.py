@@ -20,7 +20,6 @@ from transformers import PrinterCallback, ProgressCallback
 from transformers.integrations import MLflowCallback
 
 from ..durable import commit_folder, start_folder
-from ..models import adapter_params
 
 __all__ = ["RunTrainerMixin", "copy_callbacks"]
 
@@ -323,16 +322,14 @@ def _as_if_trl_made_the_adapter(model: Any, adapter: str | None) -> Any:
 
 def _count_params_of(peft_model: Any, adapter: str) -> int:
     """What ``num_parameters(exclude_embeddings=True)`` gives on a model holding only
-    ``adapter``: the base model's non-embedding weights plus that adapter's."""
-    others = {
-        id(p) for name in peft_model.peft_config if name != adapter
-        for p in adapter_params(peft_model, name)
-    }
+    ``adapter``: the base model's non-embedding weights plus that adapter's, in one walk (the
+    other runs' adapters are usually detached; any still attached are skipped by name)."""
+    others = set(peft_model.peft_config) - {adapter}
     embeddings = {
         id(m.weight) for m in peft_model.modules() if isinstance(m, torch.nn.Embedding)
     }
-    return sum(p.numel() for p in peft_model.parameters()
-               if id(p) not in others and id(p) not in embeddings)
+    return sum(p.numel() for name, p in peft_model.named_parameters()
+               if id(p) not in embeddings and others.isdisjoint(name.split(".")))
 
 
 def copy_callbacks(callbacks: Sequence[Any] | None) -> list[Any] | None:
