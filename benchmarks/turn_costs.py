@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --real-shape: steps (and chunks) per config (default 2)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="smoke test: the tiny model, 64 rows")
+    parser.add_argument("--checkpoint-every", default="chunk",
+                        help="checkpoint_every (default: every boundary, the most a turn costs)")
     args = parser.parse_args(argv)
     if args.quick and args.real_shape:
         parser.error("--quick is the tiny model's smoke test: leave out --real-shape")
@@ -123,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer = RFSFTTrainer(
             model=path,
             args=RFSFTConfig(output_dir=out, num_chunks=chunks,
+                             checkpoint_every=args.checkpoint_every,
                              learning_rate=List([1e-4, 3e-4, 1e-3, 3e-3]), **kwargs),
             train_dataset=data,
             peft_config=List([tiny_lora_config(r=r, target_modules=targets) for r in ranks]))

@@ -20,7 +20,8 @@ from trl_rapidfire import (
 )
 from trl_rapidfire.configs import normalize_fsdp_config
 
-RF_ONLY = {"num_chunks", "warmup_ratio", "cache_budget_bytes", "clone_overrides", "checkpoint_every"}
+RF_ONLY = {"num_chunks", "warmup_ratio", "cache_budget_bytes", "clone_overrides",
+           "checkpoint_every"}
 DPO_REMOVED = {
     "max_prompt_length", "max_completion_length", "model_adapter_name", "ref_adapter_name",
     "force_use_ref_model",

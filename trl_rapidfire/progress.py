@@ -158,6 +158,7 @@ class ExperimentProgress:
         self.redraw_seconds = 0.25
         self._drawn_at = -math.inf
         self._pending: tuple[Any, Any] | None = None
+        self._pending_done: Any = None  # a log's bar: the count it has not shown yet
         if not enabled:
             return
         if self._display is None and live_terminal(self._stream):
@@ -209,11 +210,17 @@ class ExperimentProgress:
         if self._display is None and self._live is None:  # a log: LogCadence decides
             if self._cadence.due(runs):
                 self._last = (_now(runs), _now(done))
+                self._pending_done = None
                 self.set_done(self._last[1])
                 self._write_table()
             else:
                 self._last = (runs, done)
-                self.set_done(_now(done))
+                now = time.monotonic()
+                if now - self._drawn_at >= self.redraw_seconds:
+                    self._drawn_at = now
+                    self.set_done(_now(done))
+                else:
+                    self._pending_done = done
             return
         now = time.monotonic()
         if now - self._drawn_at < self.redraw_seconds:
@@ -244,6 +251,8 @@ class ExperimentProgress:
 
     def close(self) -> None:
         """End the display; the last state stays on screen (a log gets its last table)."""
+        if self._pending_done is not None and self._bar is not None:
+            self.set_done(_now(self._pending_done))
         if self._pending is not None and (self._live is not None or self._bar is not None):
             pending, self._pending = self._pending, None
             self._draw(_now(pending[0]), _now(pending[1]))

@@ -131,9 +131,14 @@ class Clones:
             raise OpError(f"{slot.name} has no weights to start from") from err
 
     def last_checkpoint(self, slot: RunSlot) -> Path:
-        """``slot``'s checkpoint at its last finished chunk (to warm-start a clone from)."""
-        ckpt = checkpoint_at(slot.checkpoints, slot.state.global_step) if slot.checkpoints \
-            else None
+        """``slot``'s checkpoint at its last finished chunk (to warm-start a clone from); if
+        that chunk is volatile on another worker (``checkpoint_every``), at its last durable
+        one."""
+        ckpt = None
+        if slot.checkpoints is not None:
+            ckpt = checkpoint_at(slot.checkpoints, slot.state.global_step) or (
+                checkpoint_at(slot.checkpoints, slot.state.durable_step)
+                if slot.state.volatile else None)
         if ckpt is None:
             raise OpError(f"{slot.name} has no checkpoint at step {slot.state.global_step} to "
                           "warm-start from (a finished run keeps only its final weights); use "
