@@ -753,6 +753,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--chunks-sweep", action="store_true",
                         help="8 configs x 32 steps with num_chunks 2, 8, 32 (--quick: 4 x 8 "
                              "steps, num_chunks 2, 8)")
+    parser.add_argument("--cache-budget", type=int, metavar="BYTES",
+                        help="RFSFTConfig.cache_budget_bytes (0: every idle run parked to "
+                        "disk; default: the config's)")
     parser.add_argument("--checkpoint-every", metavar="WHEN",
                         help='RFSFTConfig.checkpoint_every, e.g. "chunk" (default: the '
                              "config's, a time: short runs then write no boundary checkpoint)")
@@ -802,6 +805,8 @@ def main(argv: list[str] | None = None) -> int:
     work = real_workload(steps) if args.real_shape else tiny_workload(steps)
     if args.checkpoint_every is not None:
         work.rf_kwargs["checkpoint_every"] = args.checkpoint_every
+    if args.cache_budget is not None:
+        work.rf_kwargs["cache_budget_bytes"] = args.cache_budget
     load_start = load_average()
     print("trl-rapidfire scaling benchmark" + (" (num_chunks sweep)" if sweep_mode else ""))
     print_header(args, work, threads_at_start, load_start, trl.__version__)
@@ -832,7 +837,8 @@ def print_header(args: argparse.Namespace, work: Workload, threads_at_start: int
     print(f"  workload : {work.label}, batch {_batch(work)}, LoRA r{work.rank} on "
           f"{', '.join(work.targets)}; {shape}")
     every = work.rf_kwargs.get("checkpoint_every", "<the config's default>")
-    print(f"  RF       : checkpoint_every={every}; report_to=none")
+    budget = work.rf_kwargs.get("cache_budget_bytes", "<the config's default>")
+    print(f"  RF       : checkpoint_every={every}; cache_budget_bytes={budget}; report_to=none")
     print(f"  threads  : torch {torch.get_num_threads()} (at start {threads_at_start}); "
           f"{os.cpu_count()} CPUs; load average {load} at start")
     print(f"  versions : python {platform.python_version()}, torch {torch.__version__}, "
