@@ -9,7 +9,7 @@ swap needed), then to the run declared first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -43,7 +43,7 @@ class RunView(NamedTuple):
 
 def pick_next(
     runs: Iterable[RunView | tuple], resident: str | None = None,
-    local: frozenset[str] = frozenset(),
+    local: Container[str] = frozenset(),
 ) -> str | None:
     """The name of the run to train next, or ``None`` when no run can be scheduled.
 

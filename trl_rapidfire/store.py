@@ -276,8 +276,17 @@ def choose(state: ExperimentState, worker: str,
         # Volatile chunks live in their owner only: nobody else can continue from them.
         and (owner.get(n, worker) == worker or not runs[n].volatile)
     )
-    mine = frozenset(n for n, w in state.owner.items() if w == worker)
-    return pick_next(views, resident=state.last_run.get(worker), local=mine)
+    return pick_next(views, resident=state.last_run.get(worker), local=_Owned(owner, worker))
+
+
+class _Owned:
+    """The runs ``worker`` owns, asked run by run (no set of them built at every claim)."""
+
+    def __init__(self, owner: dict[str, str], worker: str) -> None:
+        self.owner, self.worker = owner, worker
+
+    def __contains__(self, name: object) -> bool:
+        return self.owner.get(name) == self.worker  # type: ignore[call-overload]
 
 
 def expire(state: ExperimentState, *, now: float,
