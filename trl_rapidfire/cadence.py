@@ -8,7 +8,8 @@ is written at most every ``checkpoint_every`` of that run's training: a time (``
 boundary). Between two durable points a run's progress is *volatile*: a crash (kill -9, power
 loss) costs the chunks trained since, which a re-run trains again, exactly. Whatever the
 cadence, a run's state is written when it leaves the worker (a stop, the end of ``train()``,
-Ctrl-C), when it is cloned warm and when it finishes (its final weights).
+Ctrl-C, another worker idle for want of it) and when it finishes (its final weights); a warm
+clone's starting state is written when the clone is made.
 """
 
 from __future__ import annotations
@@ -42,15 +43,6 @@ class CheckpointCadence:
         if self.chunks is not None:
             return chunks_since >= self.chunks
         return seconds_since >= (self.seconds or 0.0)
-
-    @property
-    def every_chunk(self) -> bool:
-        return self.chunks == 1 or (self.chunks is None and not self.seconds)
-
-    def describe(self) -> str:
-        if self.chunks is not None:
-            return "every chunk" if self.chunks == 1 else f"every {self.chunks} chunks"
-        return f"every {self.seconds:g} s of a run's training"
 
 
 DEFAULT_CADENCE = CheckpointCadence(seconds=60.0)

@@ -141,7 +141,8 @@ class RFConfigMixin:
             '("60s", "5m", or a number of seconds) or a number of chunks ("4 chunks"; "chunk": '
             "every boundary). A crash costs at most that much of each run's training, which a "
             "re-run trains again exactly. A run's state is always written when it is stopped, "
-            "cloned warm, finished, or leaves the worker (end of train(), Ctrl-C)."
+            "finished, or leaves the worker (end of train(), Ctrl-C); a warm clone's start "
+            "when the clone is made."
         },
     )
     clone_overrides: list[str] | None = field(

@@ -329,20 +329,23 @@ def handoff(state: ExperimentState, worker: str) -> list[str]:
         return []
     for other in [w for w in state.idle if w != worker]:
         del state.idle[other]
-    return [n for n, who in state.owner.items() if who == worker and n not in state.claims
-            and n in state.runs and state.runs[n].volatile]
+    return [n for n in _volatile_runs_of(state, worker) if n not in state.claims]
+
+
+def _volatile_runs_of(state: ExperimentState, worker: str) -> list[str]:
+    """The runs whose volatile chunks live in ``worker``."""
+    return [n for n, who in state.owner.items()
+            if who == worker and n in state.runs and state.runs[n].volatile]
 
 
 def roll_back(state: ExperimentState, worker: str) -> list[str]:
     """``worker`` is gone: the chunks its runs did since their last durable point are lost,
     and the runs continue from there (trained again exactly: the checkpoint holds the random
     streams, data position and optimizer). Returns those runs."""
-    lost = []
-    for name, who in state.owner.items():
-        record = state.runs.get(name)
-        if who == worker and record is not None and record.volatile:
-            record.chunks_done, record.global_step = record.durable_chunks, record.durable_step
-            lost.append(name)
+    lost = _volatile_runs_of(state, worker)
+    for name in lost:
+        record = state.runs[name]
+        record.chunks_done, record.global_step = record.durable_chunks, record.durable_step
     return lost
 
 

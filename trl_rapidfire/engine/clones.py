@@ -134,11 +134,10 @@ class Clones:
         """``slot``'s checkpoint at its last finished chunk (to warm-start a clone from); if
         that chunk is volatile on another worker (``checkpoint_every``), at its last durable
         one."""
-        ckpt = None
-        if slot.checkpoints is not None:
-            ckpt = checkpoint_at(slot.checkpoints, slot.state.global_step) or (
-                checkpoint_at(slot.checkpoints, slot.state.durable_step)
-                if slot.state.volatile else None)
+        steps = [slot.state.global_step] + ([slot.state.durable_step] if slot.state.volatile
+                                            else [])
+        found = [checkpoint_at(slot.checkpoints, s) for s in steps] if slot.checkpoints else []
+        ckpt = next((c for c in found if c is not None), None)
         if ckpt is None:
             raise OpError(f"{slot.name} has no checkpoint at step {slot.state.global_step} to "
                           "warm-start from (a finished run keeps only its final weights); use "

@@ -319,10 +319,10 @@ class Coordinator:
         previous boundary stays on disk and recorded, a re-run trains the chunk again from
         there; nothing is failed), or the run failed (its checkpoint could not be written)."""
         name = entry.slot.name
-        if error is not None and disk_fault(error, ours=True) is not None:
+        fault = _checkpoint_fault(error)
+        if fault is not None:
             release(st, name, self.worker.id)
-            return ("fault", str(error) if isinstance(error, ExperimentFault) else
-                    fault_message("the checkpoint", None, disk_fault(error, ours=True)))
+            return ("fault", fault)
         if error is not None:
             message = f"writing its checkpoint failed: {type(error).__name__}: {error}"
             fail_claimed(st, name, self.worker.id, message)
@@ -397,11 +397,10 @@ class Coordinator:
             if error is None:
                 done.append(slot)
                 continue
-            detail = disk_fault(error, ours=True)
-            if detail is None:
+            fault = _checkpoint_fault(error)
+            if fault is None:
                 raise error
-            self._fault.note(str(error) if isinstance(error, ExperimentFault) else
-                             fault_message("the checkpoint", None, detail))
+            self._fault.note(fault)
         if not done:
             return
         with self._transaction() as st:
@@ -477,3 +476,13 @@ class Coordinator:
                               "the chunk is trained again.", RuntimeWarning, stacklevel=4)
                 slot.local_chunks = -1
             self.sync(st)
+
+
+def _checkpoint_fault(error: BaseException | None) -> str | None:
+    """What to say when writing a checkpoint met a disk fault (the experiment's, not the
+    run's: see faults.py); ``None`` when ``error`` is none or not one."""
+    detail = disk_fault(error, ours=True) if error is not None else None
+    if detail is None:
+        return None
+    return str(error) if isinstance(error, ExperimentFault) else fault_message(
+        "the checkpoint", None, detail)

@@ -17,13 +17,12 @@ from .turns import Turns
 __all__ = ["make_durable"]
 
 
-def make_durable(turns: Turns, shared: Coordinator, slots: Iterable[RunSlot]) -> int:
+def make_durable(turns: Turns, shared: Coordinator, slots: Iterable[RunSlot]) -> None:
     """Write the checkpoint of every run in ``slots`` whose boundary is volatile, wait for the
-    writes, and record them in the shared state. Returns how many were written."""
+    writes, and record them in the shared state."""
     writes = [(slot, write) for slot in slots
               if (write := turns.make_durable(slot)) is not None]
     if writes:
         turns.open_writes()
         concurrent.futures.wait([write for _, write in writes])
         shared.mark_durable(writes)
-    return len(writes)

@@ -189,7 +189,7 @@ class Turns:
 
     def make_durable(self, slot: RunSlot) -> concurrent.futures.Future | None:
         """Between turns: write the checkpoint of the boundary ``slot``'s train() is
-        suspended at, if that boundary is volatile (it is stopped, cloned warm, or leaves this
+        suspended at, if that boundary is volatile (it is stopped, or leaves this
         worker). Returns the write (``None``: nothing to write)."""
         if slot.volatile_chunks == 0 or not slot.at_boundary or slot.coroutine is None:
             return None
