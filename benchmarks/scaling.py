@@ -1,6 +1,7 @@
 """Scaling benchmark: how the cost of one RF experiment grows with its number of configs N.
 
-For each N (increasing, all in ONE process after an untimed warm-up), one ``RFSFTTrainer``
+For each N (increasing; each N in a fresh process of its own after an untimed warm-up, or all
+in this one with ``--one-process``), one ``RFSFTTrainer``
 trains N LoRA configs that differ only in their learning rate
 (``learning_rate=List([1e-4 * (1 + i / N) for i in range(N)])``, one ``peft_config``,
 ``num_chunks=--chunks``), and K of them (``--sample``, spread over the N learning rates) are
@@ -41,7 +42,15 @@ How to read the table (a row per N):
   run's chunk 0 in the schedule, from just before construction) over the sequential one,
   (N - 1) x T + T / c (T: the baseline's mean per config, c: chunks). ``bound`` = N / (c (N -
   1) + 1), what RF reaches if it costs nothing besides the same steps; ``/bound`` their ratio.
-* ``RSS MiB``: ``ru_maxrss``, the PROCESS's peak so far (N grows, so it is about this N's).
+Why a process per N (and per ``num_chunks`` of the sweep): the same N=512 experiment is ~20%
+slower per step in a process that trained N = 8, 32 and 128 before it than in a fresh one (6.9
+vs 9.5 ms mean here), a cost of the process's age, not of N; the ratios against plain TRL are
+still taken inside one process, each N's own. Between fresh processes the same figure still
+moves by 10-15% on this shared 2-core machine: ``--repeat R`` runs every N (or chunk count) R
+times, interleaved, and prints the median of each figure.
+
+* ``RSS MiB``: ``ru_maxrss``, the PROCESS's peak so far (with ``--one-process``, N grows, so
+  it is about this N's).
   ``disk MiB``: the peak size of output_dir during ``train()`` (polled every 0.2 s).
 * ``bitwise``: each sampled config's RF final adapter against the plain trainer's, tensor for
   tensor (``torch.equal``). Exit status 1 if any differs; timings never change it.
@@ -61,6 +70,7 @@ Usage::
 
     python benchmarks/scaling.py --quick                      # N = 4, 16; 4 steps (~2 min)
     python benchmarks/scaling.py --threads 1                  # N = 8 .. 512
+    python benchmarks/scaling.py --threads 1 --repeat 3       # medians of 3 processes per N
     python benchmarks/scaling.py --real-shape --threads 1     # N = 8, 32 at 135M's shape
     python benchmarks/scaling.py --chunks-sweep --threads 1   # 8 configs, 2 / 8 / 32 chunks
     python benchmarks/scaling.py --chunks-sweep --quick       # 4 configs x 8 steps, 2 / 8
@@ -83,6 +93,7 @@ import platform
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -606,9 +617,68 @@ def print_targets(targets: list[dict[str, Any]]) -> None:
 # ---------------------------------------------------------------------------- the modes
 
 
+def in_children(args: argparse.Namespace) -> bool:
+    """Whether each N (or each ``num_chunks`` of the sweep) runs in a process of its own
+    (see ``--one-process``)."""
+    many = args.sweep_chunks if args.chunks_sweep else args.configs
+    return not args.one_process and len(many) > 1
+
+
+def child_argv(args: argparse.Namespace, json_path: str) -> list[str]:
+    """This script's command line for one child: the settings that shape the workload."""
+    argv = [sys.executable, os.path.abspath(__file__), "--json", json_path]
+    for flag, value in (("--threads", args.threads), ("--cache-budget", args.cache_budget),
+                        ("--checkpoint-every", args.checkpoint_every)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + ["--real-shape"] * args.real_shape + ["--quick"] * args.quick
+
+
+def child_row(args: argparse.Namespace, n: int) -> Row:
+    """Measure N = ``n`` in a fresh process (its own baseline inside it) and take its row."""
+    with tempfile.TemporaryDirectory(prefix="rf-scaling-child-") as folder:
+        path = os.path.join(folder, "row.json")
+        argv = child_argv(args, path) + [
+            "--configs", str(n), "--steps", str(args.steps), "--chunks", str(args.chunks),
+            "--sample", str(args.sample)] + ["--keep"] * args.keep
+        print(f"  N={n}: in a process of its own", flush=True)
+        done = subprocess.run(argv, check=False)
+        if done.returncode not in (0, 1) or not os.path.exists(path):
+            raise SystemExit(f"the process measuring N={n} failed (exit {done.returncode})")
+        with open(path, encoding="utf-8") as f:
+            return Row(**json.load(f)["rows"][0])
+
+
+def median_row(rows: list[Any]) -> Any:
+    """One N's (or one ``num_chunks``') row over ``--repeat`` processes: each timing the
+    median of the processes', the weights' check over all of them."""
+    if len(rows) == 1:
+        return rows[0]
+    merged = asdict(rows[len(rows) // 2])
+    for name, value in merged.items():
+        values = [getattr(r, name) for r in rows]
+        if name in ("bitwise_equal", "bitwise_total"):
+            merged[name] = sum(values)
+        elif name == "differ":
+            merged[name] = [line for r in rows for line in r.differ]
+        elif name == "engine":
+            merged[name] = {k: statistics.median(r.engine[k] for r in rows) for k in value}
+        elif isinstance(value, float) and None not in values:
+            merged[name] = statistics.median(values)
+    return type(rows[0])(**merged)
+
+
 def scaling(args: argparse.Namespace, work: Workload) -> tuple[dict[str, Any], int]:
     rows: list[Row] = []
-    for n in args.configs:
+    if in_children(args):
+        # Interleaved (8, 32, ..., 8, 32, ...): a machine's load drifting over minutes
+        # weighs on every N alike.
+        runs: dict[int, list[Row]] = {n: [] for n in args.configs}
+        for _ in range(args.repeat):
+            for n in args.configs:
+                runs[n].append(child_row(args, n))
+        rows = [median_row(runs[n]) for n in args.configs]
+    for n in args.configs if not in_children(args) else ():
         out = tempfile.mkdtemp(prefix=f"rf-scaling-n{n}-")
         try:
             rows.append(measure(work, n, args.chunks, args.sample, out))
@@ -643,6 +713,7 @@ class SweepRow:
     gap_ms: float
     engine: dict[str, float]
     wall_vs_first: float = 0.0
+    run_of_lr: dict[str, str] = field(default_factory=dict)  # repr(lr) -> run name
 
 
 def sweep(args: argparse.Namespace, work: Workload) -> tuple[dict[str, Any], int]:
@@ -650,22 +721,34 @@ def sweep(args: argparse.Namespace, work: Workload) -> tuple[dict[str, Any], int
 
     lrs = learning_rates(args.sweep_configs)
     rows: list[SweepRow] = []
-    first_adapters: dict[float, dict[str, torch.Tensor]] = {}
+    first_adapters: dict[str, dict[str, torch.Tensor]] = {}
     differ: list[str] = []
-    for chunks in args.sweep_chunks:
-        out = tempfile.mkdtemp(prefix=f"rf-scaling-c{chunks}-")
-        try:
-            rf = run_rf(work, lrs, chunks, out)
-            differ += sweep_compare(rf, out, chunks, first_adapters)
-        finally:
-            if args.keep:
-                print(f"  kept {out}")
-            else:
-                shutil.rmtree(out, ignore_errors=True)
-        rows.append(SweepRow(chunks, rf.wall, rf.construct, rf.train, ms(rf.steps),
-                             ms(rf.resumed), shares(rf.stats),
-                             1000 * Handoffs.of(rf.schedule).mean_gap, rf.stats))
-        print(f"  num_chunks={chunks:<3d} wall {rf.wall:7.2f} s", flush=True)
+    root = args.out_root or tempfile.mkdtemp(prefix="rf-scaling-sweep-")
+    measured: dict[int, list[SweepRow]] = {c: [] for c in args.sweep_chunks}
+    try:
+        # Interleaved over --repeat (2, 8, 32, 2, 8, 32, ...): a drifting load weighs alike.
+        for r in range(args.repeat):
+            for chunks in args.sweep_chunks:
+                where = os.path.join(root, f"r{r}") if in_children(args) else root
+                out = os.path.join(where, f"c{chunks}")
+                if in_children(args):
+                    row = sweep_child(args, chunks, where)
+                else:
+                    os.makedirs(out)
+                    rf = run_rf(work, lrs, chunks, out)
+                    row = SweepRow(chunks, rf.wall, rf.construct, rf.train, ms(rf.steps),
+                                   ms(rf.resumed), shares(rf.stats),
+                                   1000 * Handoffs.of(rf.schedule).mean_gap, rf.stats,
+                                   run_of_lr={repr(lr): n for lr, n in rf.run_of_lr.items()})
+                differ += sweep_compare(row.run_of_lr, out, chunks, first_adapters)
+                measured[chunks].append(row)
+                print(f"  num_chunks={chunks:<3d} wall {row.wall_s:7.2f} s", flush=True)
+        rows = [median_row(measured[c]) for c in args.sweep_chunks]
+    finally:
+        if args.keep:
+            print(f"  kept {root}")
+        elif not args.out_root:
+            shutil.rmtree(root, ignore_errors=True)
     for r in rows:
         r.wall_vs_first = r.wall_s / rows[0].wall_s
     print_sweep(rows, args.sweep_steps)
@@ -680,18 +763,34 @@ def sweep(args: argparse.Namespace, work: Workload) -> tuple[dict[str, Any], int
             1 if differ else 0)
 
 
-def sweep_compare(rf: RFRun, out: str, chunks: int,
-                  first: dict[float, dict[str, torch.Tensor]]) -> list[str]:
+def sweep_child(args: argparse.Namespace, chunks: int, root: str) -> SweepRow:
+    """Train the sweep's ``num_chunks=chunks`` in a fresh process, its runs under
+    ``root/c<chunks>`` (kept for the comparison of the final adapters)."""
+    os.makedirs(root, exist_ok=True)
+    path = os.path.join(root, f"c{chunks}.json")
+    argv = child_argv(args, path) + ["--chunks-sweep", "--sweep-chunks", str(chunks),
+                                     "--out-root", root]
+    print(f"  num_chunks={chunks}: in a process of its own", flush=True)
+    done = subprocess.run(argv, check=False)
+    if done.returncode not in (0, 1) or not os.path.exists(path):
+        raise SystemExit(f"the process measuring num_chunks={chunks} failed "
+                         f"(exit {done.returncode})")
+    with open(path, encoding="utf-8") as f:
+        return SweepRow(**json.load(f)["rows"][0])
+
+
+def sweep_compare(run_of_lr: dict[str, str], out: str, chunks: int,
+                  first: dict[str, dict[str, torch.Tensor]]) -> list[str]:
     """Every config's final adapter must not depend on how its training was chunked."""
     from safetensors.torch import load_file
 
     differ = []
-    for lr, name in sorted(rf.run_of_lr.items()):
+    for lr, name in sorted(run_of_lr.items(), key=lambda item: float(item[0])):
         tensors = load_file(os.path.join(out, "runs", name, "final", ADAPTER_FILE))
         if lr not in first:
             first[lr] = tensors
         elif why := compare_tensors(tensors, first[lr]):
-            differ.append(f"lr={lr:.6g}: num_chunks={chunks} vs the first: {why}")
+            differ.append(f"lr={float(lr):.6g}: num_chunks={chunks} vs the first: {why}")
     return differ
 
 
@@ -759,7 +858,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", metavar="WHEN",
                         help='RFSFTConfig.checkpoint_every, e.g. "chunk" (default: the '
                              "config's, a time: short runs then write no boundary checkpoint)")
+    parser.add_argument("--one-process", action="store_true",
+                        help="every N in this process, one after another (default: each N in "
+                             "a fresh process with its own baseline: a process that trained "
+                             "the smaller Ns before is slower by itself, by up to 20%%)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="measure every N in this many fresh processes, interleaved, and "
+                             "print the median of each figure (default 1)")
     parser.add_argument("--keep", action="store_true", help="keep the output folders")
+    # What the parent passes a child of the sweep (not for people).
+    parser.add_argument("--sweep-chunks", type=int_list, help=argparse.SUPPRESS)
+    parser.add_argument("--out-root", help=argparse.SUPPRESS)
     parser.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
     args = parser.parse_args(argv)
     if args.chunks_sweep and args.real_shape:
@@ -771,11 +880,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.chunks = args.chunks or (2 if real or quick else 4)
     args.sample = args.sample or (2 if quick else 4)
     args.sweep_configs, args.sweep_steps = (4, 8) if quick else (8, 32)
-    args.sweep_chunks = [2, 8] if quick else [2, 8, 32]
+    args.sweep_chunks = args.sweep_chunks or ([2, 8] if quick else [2, 8, 32])
     if args.configs != sorted(args.configs):
         parser.error("--configs must increase")
-    if min(args.steps, args.chunks, args.sample) < 1 or (args.threads or 1) < 1:
-        parser.error("--steps, --chunks, --sample and --threads must be at least 1")
+    if min(args.steps, args.chunks, args.sample, args.repeat) < 1 or (args.threads or 1) < 1:
+        parser.error("--steps, --chunks, --sample, --repeat and --threads must be at least 1")
+    if args.repeat > 1 and not in_children(args):
+        parser.error("--repeat measures in fresh processes: leave out --one-process (and "
+                     "give more than one N)")
     return args
 
 
@@ -810,7 +922,8 @@ def main(argv: list[str] | None = None) -> int:
     load_start = load_average()
     print("trl-rapidfire scaling benchmark" + (" (num_chunks sweep)" if sweep_mode else ""))
     print_header(args, work, threads_at_start, load_start, trl.__version__)
-    print(f"  warm-up  : {warm_up(work):.2f} s (untimed)", flush=True)
+    if not in_children(args):
+        print(f"  warm-up  : {warm_up(work):.2f} s (untimed)", flush=True)
     figures, status = (sweep if sweep_mode else scaling)(args, work)
     load_end = load_average()
     print(f"(load average at the end: {load_end})")

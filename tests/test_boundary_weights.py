@@ -77,3 +77,35 @@ def test_anything_but_whole_parameters_keeps_peft_walk():
     assert _params_behind(model, twice) == []  # one parameter under two keys
     holder = SimpleNamespace(model=model, _rf_adapter="rf0", _rf_adapter_keys=None)
     assert RunTrainerMixin._rf_adapter_state_dict(holder).keys() == weights.keys()
+
+
+def test_an_adapter_saved_alone_matches_peft_with_every_adapter_known(tmp_path):
+    """Saving shows PEFT only the adapters in the module tree (not the 511 detached ones), so
+    its filter against other adapters' keys stays cheap; the files must be what PEFT writes
+    knowing every adapter. rf1's name is inside rf10's, whose modules_to_save copy keeps it
+    attached: the filter must still leave rf10's keys out of rf1's file."""
+    from safetensors.torch import load_file
+
+    from trl_rapidfire.trainers.run_trainer import save_adapter_alone
+
+    group = ModelPool().group(build_model(build_tokenizer()), peft_config=LORAS[0],
+                              model_init_kwargs=None)
+    for i in range(12):
+        lora = tiny_lora_config(r=2, modules_to_save=["lm_head"]) if i == 10 \
+            else tiny_lora_config(r=4)
+        group.add_adapter(adapter_name(i), lora, seed=i)
+    group.activate("rf1")
+    model = group.model
+    assert group.attached == {"rf1", "rf10"}  # the others are detached
+    save_adapter_alone(model.save_pretrained, model, "rf1", group.attached, tmp_path / "alone")
+    model.save_pretrained(str(tmp_path / "peft"), selected_adapters=["rf1"])
+    ours = load_file(tmp_path / "alone" / "adapter_model.safetensors")
+    peft = load_file(tmp_path / "peft" / "rf1" / "adapter_model.safetensors")
+    assert list(ours) == list(peft) and not any("rf10" in k or "lm_head" in k for k in ours)
+    assert all(torch.equal(ours[k], peft[k]) for k in peft)
+    assert len(model.peft_config) == 12  # shown whole again after the save
+    # Shown only rf1 while rf10 is attached, PEFT would take rf10's keys for rf1's: the
+    # attached adapters are what keeps them out.
+    save_adapter_alone(model.save_pretrained, model, "rf1", {"rf1"}, tmp_path / "wrong")
+    wrong = load_file(tmp_path / "wrong" / "adapter_model.safetensors")
+    assert set(wrong) != set(peft)

@@ -190,11 +190,16 @@ def test_an_edited_journal_line_is_held_to_the_state_files_rules(tmp_path):
         store.peek()
 
 
-def test_each_transaction_opens_the_journal_anew(tmp_path, monkeypatch):
+@pytest.mark.parametrize("local", [False, True])
+def test_the_journal_is_opened_anew_per_transaction_unless_the_disk_is_local(
+        tmp_path, monkeypatch, local):
     """On NFS only an open() revalidates what the client caches of a file (close-to-open
     consistency): a descriptor kept open from an earlier transaction can miss another
-    machine's append. So every transaction opens the journal again under the lock."""
+    machine's append, so every transaction opens the journal again under the lock. On a local
+    filesystem the kept descriptor sees every process's appends, and is kept."""
+    monkeypatch.setattr(state_file, "known_local", lambda folder: local)
     store = FileStore(tmp_path, fingerprint="fp")
+    other = FileStore(tmp_path, fingerprint="fp", create=False)
     opened = []
     real_open = os.open
 
@@ -203,10 +208,36 @@ def test_each_transaction_opens_the_journal_anew(tmp_path, monkeypatch):
             opened.append(path)
         return real_open(path, flags, *args)
 
+    with store.transaction() as st:
+        st.add_run("run-0", 2)
+    assert sorted(other.read().runs) == ["run-0"]
     monkeypatch.setattr(os, "open", counting_open)
-    for i in range(3):
+    for i in range(1, 4):
         with store.transaction() as st:
             st.add_run(f"run-{i}", 2)
-    assert len(opened) >= 3
-    other = FileStore(tmp_path, fingerprint="fp", create=False)
-    assert sorted(other.read().runs) == ["run-0", "run-1", "run-2"]
+        with other.transaction() as st:  # the other process appends in turn
+            st.runs[f"run-{i}"].chunks_done = 1
+    assert (len(opened) >= 6) != local
+    for reader in (store, other, FileStore(tmp_path, fingerprint="fp", create=False)):
+        state = reader.read()
+        assert sorted(state.runs) == ["run-0", "run-1", "run-2", "run-3"]
+        assert [state.runs[f"run-{i}"].chunks_done for i in range(4)] == [0, 1, 1, 1]
+
+
+def test_a_folder_is_known_local_by_the_mount_that_holds_it(tmp_path, monkeypatch):
+    from trl_rapidfire import filesystems
+
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        "40 27 0:50 / /mnt/shared rw,relatime shared:1 - nfs4 srv:/export rw\n"
+        "41 40 0:51 / /mnt/shared/scratch rw - tmpfs tmpfs rw\n"
+        "42 27 0:52 / /mnt/with\\040space rw - xfs /dev/vdb rw\n"
+        "43 27 0:53 / /mnt/fuse rw - fuse.sshfs host:/x rw\n")
+    monkeypatch.setattr(filesystems, "_MOUNTINFO", str(info))
+    local = filesystems.known_local
+    assert local("/home/someone/run") and local("/mnt/shared/scratch/x")
+    assert local("/mnt/with space/out") and local("/mnt/sharedness")  # not under /mnt/shared
+    assert not local("/mnt/shared/out") and not local("/mnt/fuse/out")
+    monkeypatch.setattr(filesystems, "_MOUNTINFO", str(tmp_path / "missing"))
+    assert not local("/home/someone/run")  # cannot tell: treated as shared

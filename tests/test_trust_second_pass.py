@@ -417,3 +417,27 @@ def test_a_second_script_is_refused_while_the_first_trains_in_another_process(tm
     assert not (out / "previous").exists()
     _, doc = read_state(out)
     assert {r["status"] for r in doc["runs"].values()} == {"completed"}
+
+
+def test_the_inbox_is_read_only_when_its_folder_changed(tmp_path):
+    """Asked at every boundary, the inbox answers from one stat while its folder is as it was
+    when a read found it empty; an op posted after is seen at the next ask."""
+    inbox = Inbox(Layout(tmp_path))
+    assert not inbox.has_mail()  # no folder yet
+    inbox.post("run-1", "stop")
+    assert inbox.has_mail()
+    inbox.done(inbox.take()[0])
+    reads = []
+    original = inbox.waiting
+    inbox.waiting = lambda: reads.append(1) or original()
+    assert not inbox.has_mail() and reads == [1]  # changed by the removal: read
+    old = time.time() - 60
+    os.utime(inbox.folder, (old, old))  # as a folder left alone for a minute
+    assert not inbox.has_mail() and reads == [1, 1]  # its time moved: read once more
+    for _ in range(3):
+        assert not inbox.has_mail()
+    assert reads == [1, 1]  # unchanged since it was read empty: not read again
+    inbox.post("run-2", "resume")
+    assert inbox.has_mail() and reads == [1, 1, 1]
+    os.utime(inbox.folder, (old, old))
+    assert inbox.has_mail()  # not empty when last read: read again, whatever its time

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from .csv_logs import read_csv_rows
 from .outside_text import STATE_BYTES
-from .own_files import append_text, read_bytes, write_atomic
+from .own_files import append_text, open_nofollow, read_bytes, write_atomic
 from .trust import is_run_name
 
-__all__ = ["ChunkRecord", "Handoffs", "append_schedule_row", "read_schedule_csv",
-           "write_schedule_csv"]
+__all__ = ["ChunkRecord", "Handoffs", "ScheduleAppender", "append_schedule_row",
+           "read_schedule_csv", "write_schedule_csv"]
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,52 @@ def write_schedule_csv(records: Sequence[ChunkRecord], path: str | os.PathLike) 
     write_atomic(path, buf.getvalue())
 
 
+def _row_text(record: ChunkRecord) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(
+        [getattr(record, name) for name in _FIELDS] + [record.steps])
+    return buf.getvalue()
+
+
 def append_schedule_row(record: ChunkRecord, path: str | os.PathLike) -> None:
     """Append one record to a schedule file started by :func:`write_schedule_csv`."""
-    buf = io.StringIO()
-    csv.DictWriter(buf, fieldnames=_FIELDS + ["steps"], lineterminator="\n").writerow(
-        {**dataclasses.asdict(record), "steps": record.steps}
-    )
-    append_text(path, buf.getvalue())  # one write: a reader sees whole lines
+    append_text(path, _row_text(record))  # one write: a reader sees whole lines
+
+
+class ScheduleAppender:
+    """Appends rows to a schedule file through one descriptor kept open.
+
+    A row is appended at every chunk's end: opening and closing the file for each cost more
+    than the row (~0.1 ms, a tenth of what a one-step chunk costs besides its step on the tiny
+    model). The descriptor is opened afresh when the path no longer names its file (another
+    worker, registering, rewrote the schedule whole) and never through a link.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+        self._file: tuple[int, int] | None = None  # (device, inode) the descriptor is of
+
+    def append(self, record: ChunkRecord) -> None:
+        """Append ``record`` in one write (a reader sees whole lines)."""
+        data = _row_text(record).encode("utf-8")
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+            here = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            here = None
+        if self._fd is None or here != self._file:
+            self.close()
+            self._fd = open_nofollow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            st = os.fstat(self._fd)
+            self._file = (st.st_dev, st.st_ino)
+        while data:
+            data = data[os.write(self._fd, data):]
+
+    def close(self) -> None:
+        fd, self._fd, self._file = self._fd, None, None
+        if fd is not None:
+            os.close(fd)
 
 
 def read_schedule_csv(path: str | os.PathLike) -> list[ChunkRecord]:

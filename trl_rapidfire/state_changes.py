@@ -20,8 +20,12 @@ from .runs import RunState
 from .state_schema import MAPS, SCALARS, BadState, check_line
 from .store import Claim, ExperimentState, StoreError
 
-__all__ = ["MAPS", "SCALARS", "Marks", "Tracked", "apply_line", "parse_lines", "watch_runs"]
+__all__ = ["MAPS", "RUN_KEYED", "SCALARS", "Marks", "Tracked", "apply_line", "parse_lines",
+           "runs_in_line", "watch_runs"]
 
+# The maps keyed by run name whose entries decide what a worker may claim and what its view of
+# a run is: what :meth:`~trl_rapidfire.state_file.FileStore.take_changed_runs` reports.
+RUN_KEYED = ("runs", "chunks_total", "claims", "owner", "gang_size")
 
 
 class Tracked(dict):
@@ -109,6 +113,18 @@ class Marks:
         self.order = list(state.order)
         self.scalars = {name: getattr(state, name) for name in SCALARS}
         self.maps = {name: getattr(state, name) for name in MAPS}
+        self.state = state
+
+    def runs_changed(self) -> set[str] | None:
+        """The runs the body changed so far (in :data:`RUN_KEYED`); ``None``: it replaced a
+        whole map, so possibly any."""
+        names = set(self.touched)
+        for name in RUN_KEYED:
+            now = getattr(self.state, name)
+            if now is not self.maps[name]:
+                return None
+            names |= now.changed
+        return names
 
     def delta(self, state: ExperimentState) -> dict[str, Any]:
         """The change from the marked state to ``state`` as one journal line (``{}``: none)."""
@@ -181,6 +197,20 @@ def apply_line(state: ExperimentState, line: dict[str, Any], touched: set[str]) 
         watch_runs(state.runs.values(), touched)
     if "chunks_total" in sets or "chunks_total" in puts:
         state.chunks_total = {k: int(v) for k, v in state.chunks_total.items()}
+
+
+def runs_in_line(line: dict[str, Any]) -> set[str] | None:
+    """The runs a journal line changes (in :data:`RUN_KEYED`); ``None``: it puts a whole map or
+    reorders the runs, so possibly any."""
+    puts = line.get("put", {})
+    if "order" in puts or any(name in puts for name in RUN_KEYED):
+        return None
+    names: set[str] = set(line.get("append", {}).get("order", []))
+    for part in ("set", "del"):
+        for name, entries in line.get(part, {}).items():
+            if name in RUN_KEYED:
+                names.update(entries)  # a set's dict (its keys) or a del's list
+    return names
 
 
 def parse_lines(data: bytes, where: Path) -> tuple[list[dict[str, Any]], int]:

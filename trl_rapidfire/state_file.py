@@ -27,10 +27,11 @@ from typing import Any
 
 from .atomic_folders import fsync_dir
 from .faults import ExperimentFault, disk_fault, fault_message
+from .filesystems import known_local
 from .flock import LockUnsupported, flock_for
 from .outside_text import STATE_BYTES, loads
 from .own_files import open_nofollow, read_bytes
-from .state_changes import Marks, apply_line, parse_lines, watch_runs
+from .state_changes import Marks, apply_line, parse_lines, runs_in_line, watch_runs
 from .store import ExperimentState, StoreError
 
 __all__ = ["FileStore"]
@@ -76,6 +77,11 @@ class FileStore:
         self._folder_made = False
         self.fingerprint = fingerprint
         self._cache: _Cache | None = None
+        # The change feed (see take_changed_runs): runs changed since it was last taken, by
+        # any process; None: the state was read whole, so possibly any.
+        self._changed: set[str] | None = None
+        self._marks: Marks | None = None  # the running transaction's starting point
+        self._local: bool | None = None  # the folder is on a local filesystem (first use)
         if create:
             with self.transaction():
                 pass
@@ -131,6 +137,7 @@ class FileStore:
                     "another output_dir, or run the configs it was made for."
                 )
             marks = Marks(state, cache.touched if cache is not None else set())
+            self._marks = marks
             try:
                 yield state
                 if cache is None:
@@ -139,6 +146,7 @@ class FileStore:
                 line = marks.delta(state)
                 if line:
                     self._append(cache, line, durable)
+                    self._note(runs_in_line(line))
                     # Runs the body added: their later changes are journalled too.
                     watch_runs((state.runs[k] for k in state.runs.changed if k in state.runs),
                            cache.touched)
@@ -147,6 +155,28 @@ class FileStore:
             except BaseException:
                 self._forget()  # the copy may hold the body's half-made change
                 raise
+            finally:
+                self._marks = None
+
+    def take_changed_runs(self) -> set[str] | None:
+        """Inside a transaction: the runs whose record, plan, claim or owner changed since the
+        last call, whoever changed them (other processes' journal lines, this process's
+        earlier transactions, the running body so far); ``None`` when possibly any did (the
+        state was read whole). What lets a worker keep its view and its queue of runs up to
+        date in time that grows with the changes, not with the number of runs."""
+        if self._marks is None:
+            raise RuntimeError("take_changed_runs() is only valid inside a transaction")
+        changed, self._changed = self._changed, set()
+        body = self._marks.runs_changed()
+        if changed is None or body is None:
+            return None
+        return changed | body
+
+    def _note(self, names: set[str] | None) -> None:
+        if names is None:
+            self._changed = None
+        elif self._changed is not None:
+            self._changed |= names
 
     def compact(self) -> None:
         """Fold the journal into ``scheduler.json`` now (e.g. as an experiment ends, so the
@@ -211,7 +241,20 @@ class FileStore:
     def _current(self) -> _Cache | None:
         """Under the lock: this process's copy, with what others appended since read in."""
         cache = self._cache
-        if cache is not None:
+        if cache is not None and self._on_local_disk():
+            # One kernel serves the file to every process: the kept descriptor sees their
+            # appends; a journal replaced by a compaction (or anything else) is another inode.
+            try:
+                st = os.stat(self.journal_path, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and (st.st_dev, st.st_ino) == cache.inode \
+                    and st.st_size >= cache.offset:
+                if st.st_size > cache.offset:
+                    self._read_tail(cache, st.st_size)
+                return cache
+            self._forget()
+        elif cache is not None:
             # Opened anew under the lock, every time: on NFS an open() revalidates what the
             # client caches of the file (close-to-open consistency), which a descriptor kept
             # open does not, so another machine's append could go unseen.
@@ -232,6 +275,11 @@ class FileStore:
             self._forget()
         return self._load()
 
+    def _on_local_disk(self) -> bool:
+        if self._local is None:
+            self._local = known_local(self.folder)
+        return self._local
+
     def _open_journal(self) -> int:
         try:
             return open_nofollow(self.journal_path, os.O_RDWR | os.O_APPEND)
@@ -244,6 +292,7 @@ class FileStore:
             lines, used = parse_lines(data, self.journal_path)
             for line in lines:
                 apply_line(cache.state, line, cache.touched)
+                self._note(runs_in_line(line))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             self._forget()
             raise self._bad_line(err) from None
@@ -256,6 +305,7 @@ class FileStore:
 
     def _load(self) -> _Cache | None:
         """Under the lock: read the snapshot and the whole journal (``None``: no state yet)."""
+        self._changed = None
         snapshot = self._read_snapshot()
         if snapshot is None:
             return None

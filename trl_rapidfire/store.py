@@ -179,8 +179,12 @@ def check_state_names(doc: dict[str, Any]) -> None:
 def claim_next(
     state: ExperimentState, worker: str, *, now: float, lease_seconds: float,
     alive: Callable[[str], bool | None] = process_alive,
+    pick: Callable[[ExperimentState, str], str | None] | None = None,
 ) -> tuple[str, int] | None:
     """Claim the next (run, chunk) for ``worker`` under the scheduler's rule, or ``None``.
+
+    ``pick``: what applies the rule (default :func:`choose`, a pass over every run; a worker
+    passes its :class:`~trl_rapidfire.run_queue.RunQueue`, which answers the same).
 
     Runs claimed by another worker are skipped while that worker lives: a claim is dropped
     when its lease expired or ``alive(worker)`` says the worker is gone (a worker on this
@@ -199,7 +203,7 @@ def claim_next(
             gang["members"].append(worker)
         state.last_run[worker] = gang["run"]
         return gang["run"], gang["chunk"]
-    name = choose(state, worker)
+    name = (pick or choose)(state, worker)
     if name is None:
         if any(r.volatile and state.owner.get(n, worker) != worker and n not in state.claims
                for n, r in state.runs.items()):

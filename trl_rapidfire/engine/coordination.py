@@ -13,7 +13,7 @@ import contextlib
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +21,11 @@ from typing import Any
 from ..durable import checkpoint_at
 from ..faults import ExperimentFault, disk_fault, fault_message
 from ..own_files import read_json
+from ..run_queue import RunQueue
 from ..runs import RunState, RunStatus
-from ..schedule import ChunkRecord, append_schedule_row, read_schedule_csv, write_schedule_csv
+from ..schedule import ChunkRecord, ScheduleAppender, read_schedule_csv, write_schedule_csv
 from ..state_file import FileStore
 from ..store import (
-    choose,
     claim_next,
     expire,
     fail_claimed,
@@ -90,6 +90,7 @@ class Coordinator:
         self.worker = worker
         self.slots = slots
         self.schedule_path = schedule_path
+        self._rows = ScheduleAppender(schedule_path)  # rows appended under the state's lock
         self.lease_seconds = lease_seconds
         self.idle_wait = 0.05
         self.gang_wait_seconds = 1800.0  # longest wait for a gang's members to join
@@ -110,6 +111,11 @@ class Coordinator:
         # Runs with volatile chunks here that were stopped (by this worker's ops or another's):
         # their state is written at the next boundary of the loop.
         self.stopped_volatile: list[RunSlot] = []
+        # What keeps a claim's cost from growing with the number of runs: the runs this worker
+        # may claim, in the scheduler's order, and the runs whose record may differ from this
+        # worker's view (None: any may); both fed by the shared state's change feed.
+        self._queue = RunQueue(worker.id)
+        self._unsynced: set[str] | None = None
 
     # ------------------------------------------------------------------ this worker's view
 
@@ -178,19 +184,53 @@ class Coordinator:
                 slot.disk_state = load_trainer_state(ckpt / "trainer_state.json")
 
     def sync(self, st: Any) -> None:
-        """Inside a transaction: take every run's record as this worker's view."""
+        """Inside a transaction: take every run's record that changed as this worker's view."""
         self.training_elsewhere = {n for n, c in st.claims.items() if c.worker != self.worker.id}
         if self.worker.rank == 0 and self._clock.started is not None:
             st.wall_seconds = self._clock.seconds()
-        for name, record in st.runs.items():
-            slot = self.slots.get(name)
+        self._take_changes(st)
+        names, self._unsynced = (st.runs if self._unsynced is None else self._unsynced), set()
+        for name in names:
+            record, slot = st.runs.get(name), self.slots.get(name)
+            if slot is None:
+                if record is not None and record.status != RunStatus.DELETED:
+                    self._unsynced.add(name)  # a run not built here yet: adopted once it is
+                continue
             # An unchanged record of a run this worker is not behind on changes nothing.
-            if slot is not None and (record != slot.state
-                                     or record.chunks_done > slot.local_chunks):
+            if record is not None and (record != slot.state
+                                       or record.chunks_done > slot.local_chunks):
                 self.adopt(slot, record.copy())
+
+    def _take_changes(self, st: Any) -> None:
+        """Inside a transaction: the runs changed since the last look go into the claim queue
+        and into what the next :meth:`sync` compares."""
+        changed = self.store.take_changed_runs()
+        self._queue.update(st, changed)
+        if changed is None or self._unsynced is None:
+            self._unsynced = None
+        else:
+            self._unsynced |= changed
+
+    def _choose(self, st: Any, worker: str, finishing: Collection[str] = frozenset()
+                ) -> str | None:
+        """Inside a transaction: the run the scheduler gives ``worker`` next (see
+        :func:`~trl_rapidfire.store.choose`), from the queue brought up to date."""
+        self._take_changes(st)
+        return self._queue.pick(st, worker, finishing)
+
+    def _resync(self, slot: RunSlot) -> None:
+        """This worker's view of ``slot`` moved without its record changing (a lost claim):
+        the next :meth:`sync` compares it again."""
+        if self._unsynced is not None:
+            self._unsynced.add(slot.name)
 
     def _unbuilt_clones(self, st: Any) -> dict[str, dict[str, str]]:
         return {n: dict(info) for n, info in st.clones.items() if n not in self.slots}
+
+    def close_files(self) -> None:
+        """The ``run()`` call ends: let go of ``schedule.csv`` (no chunk is recorded after the
+        writer drained)."""
+        self._rows.close()
 
     def read_wall_seconds(self) -> float:
         """Training wall time of the experiment's earlier sessions."""
@@ -229,10 +269,10 @@ class Coordinator:
             if not clones and not held and writing:
                 # A run whose checkpoint is still being written stays claimed by this worker;
                 # if it is the one to train next, wait for its write instead of moving on.
-                write = writing.get(choose(st, self.worker.id, finishing=writing))
+                write = writing.get(self._choose(st, self.worker.id, finishing=writing))
             if not clones and not held and write is None:
                 claimed = claim_next(st, self.worker.id, now=time.time(),
-                                     lease_seconds=self.lease_seconds)
+                                     lease_seconds=self.lease_seconds, pick=self._choose)
             # Runs this worker holds volatile that an idle worker could take: written first.
             handed = tuple(self.slots[n] for n in handoff(st, self.worker.id) if n in self.slots)
             # A search that may still add runs: nobody leaves while it can; nor while runs
@@ -331,7 +371,7 @@ class Coordinator:
         if finish_chunk(st, name, self.worker.id, entry.record.number,
                         global_step=entry.record.end_step, complete=entry.complete,
                         durable=entry.durable):
-            append_schedule_row(entry.record, self.schedule_path)
+            self._rows.append(entry.record)
             return ("ok", st.runs[name].chunks_done)
         return ("lost", None)
 
@@ -361,6 +401,7 @@ class Coordinator:
                               f"{entry.record.number} (lease expired); another worker redoes "
                               "it.", RuntimeWarning, stacklevel=5)
                 slot.local_chunks = -1
+                self._resync(slot)
             self._settled.append(slot)
         self._pending = left
 
@@ -467,7 +508,7 @@ class Coordinator:
             last = finish_gang_chunk(st, slot.name, self.worker.id, record.number,
                                      global_step=record.end_step, complete=slot.finished)
             if last:
-                append_schedule_row(record, self.schedule_path)
+                self._rows.append(record)
             if last is not False:
                 self.schedule.append(record)
                 slot.local_chunks = record.number + 1 if not slot.finished else len(slot.plan)
@@ -475,6 +516,7 @@ class Coordinator:
                 warnings.warn(f"{slot.name}: its gang broke up during chunk {record.number}; "
                               "the chunk is trained again.", RuntimeWarning, stacklevel=4)
                 slot.local_chunks = -1
+                self._resync(slot)
             self.sync(st)
 
 

@@ -467,6 +467,7 @@ class Engine:
         # A completed run's checkpoints are gone when train() returns, and no thread of this
         # call outlives it.
         self._turns.drain()
+        self._shared.close_files()
         self._lease.close()
         with self._fault.kept():  # scheduler.json alone is the whole state between calls
             self.store.compact()

@@ -174,7 +174,9 @@ class RunBuilder:
         before = spec.config.to_dict() if self.single else None
         with building_in(World.ONE):
             trainer = self.trainer_class(model=group.model, args=spec.config, rf_adapter=adapter,
-                                         rf_owner=self.owner, **self._trainer_kwargs(kw))
+                                         rf_owner=self.owner,
+                                         rf_attached=(lambda: group.attached) if adapter else None,
+                                         **self._trainer_kwargs(kw))
         if before is not None:
             after = spec.config.to_dict()
             self.changed_in_place[spec.name] = [k for k, v in after.items()

@@ -11,7 +11,7 @@ import io
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,12 @@ class RunTrainerMixin:
     rf_trl_class: type
 
     def __init__(self, *args: Any, rf_adapter: str | None = None, rf_owner: Any = None,
+                 rf_attached: Callable[[], Collection[str]] | None = None,
                  **kwargs: Any) -> None:
         self._rf_adapter = rf_adapter
+        # The adapters in the shared model's module tree now (the others are detached): what
+        # PEFT must tell this run's keys from when it saves. None: every adapter it knows.
+        self._rf_attached = rf_attached
         self._rf_flop_params: int | None = None
         # (saved key, parameter) of this run's adapter, found at its first boundary checkpoint
         # (see _rf_adapter_state_dict); None: not yet, False: PEFT's own walk every time.
@@ -123,18 +127,9 @@ class RunTrainerMixin:
         save_all = model.save_pretrained
 
         def save_own_adapter(save_directory: str, **kwargs: Any) -> None:
-            # PEFT writes a non-"default" adapter into a subfolder named after it; write it
-            # beside, then move the files to the root where a single-adapter model keeps them.
-            kwargs["selected_adapters"] = [adapter]
-            Path(save_directory).mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=save_directory, prefix=".rf-save-") as tmp:
-                save_all(tmp, **kwargs)
-                for folder in (Path(tmp) / adapter, Path(tmp)):
-                    if not folder.is_dir():
-                        continue
-                    for f in folder.iterdir():
-                        if f.is_file():
-                            os.replace(f, Path(save_directory) / f.name)
+            attached = self._rf_attached() if self._rf_attached is not None else None
+            save_adapter_alone(save_all, model, adapter, attached, Path(save_directory),
+                               **kwargs)
 
         model.save_pretrained = save_own_adapter
         try:
@@ -379,3 +374,34 @@ def _torch_bytes(obj: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()
+
+
+def save_adapter_alone(save_all: Callable[..., None], model: Any, adapter: str,
+                       attached: Collection[str] | None, save_directory: Path,
+                       **kwargs: Any) -> None:
+    """Write ``adapter`` alone with PEFT's ``save_all`` (the model's own ``save_pretrained``)
+    at ``save_directory``'s root, where a single-adapter model keeps its files.
+
+    ``attached``: the adapters in the model's module tree now (``None``: every adapter).
+    PEFT filters the state dict against every *other* adapter it knows of, a check per key
+    and name (9.5 ms a save at 512 runs against 2.5 ms at 8); only adapters in the module tree
+    have keys in it, so it is shown just their configs while it saves.
+    """
+    kwargs["selected_adapters"] = [adapter]
+    save_directory.mkdir(parents=True, exist_ok=True)
+    configs = model.peft_config
+    if attached is not None:
+        shown = [adapter, *sorted(set(attached) - {adapter})]
+        model.peft_config = {name: configs[name] for name in shown if name in configs}
+    try:
+        # PEFT writes a non-"default" adapter into a subfolder named after it: written
+        # beside, its files are moved to the root.
+        with tempfile.TemporaryDirectory(dir=save_directory, prefix=".rf-save-") as tmp:
+            save_all(tmp, **kwargs)
+            for folder in (Path(tmp) / adapter, Path(tmp)):
+                if folder.is_dir():
+                    for f in folder.iterdir():
+                        if f.is_file():
+                            os.replace(f, save_directory / f.name)
+    finally:
+        model.peft_config = configs
