@@ -367,7 +367,8 @@ class Coordinator:
             message = f"writing its checkpoint failed: {type(error).__name__}: {error}"
             fail_claimed(st, name, self.worker.id, message)
             return ("failed", message)
-        st.chunks_total[name] = entry.chunks_total
+        if st.chunks_total.get(name) != entry.chunks_total:  # journalled only when replanned
+            st.chunks_total[name] = entry.chunks_total
         if finish_chunk(st, name, self.worker.id, entry.record.number,
                         global_step=entry.record.end_step, complete=entry.complete,
                         durable=entry.durable):
