@@ -7,7 +7,7 @@ A seeded TPE search over ``learning_rate=Range(1e-5, 1e-1, log=True)`` x
 ``lr_scheduler_type=List([...])``: 6 runs, 2 at a time, 3 chunks each, evaluated at every
 chunk end, on the tiny offline model. ``RF_TEST_KILL=<run>:<step>`` kills the whole
 experiment when that run begins that optimizer step (see experiment_script.py);
-``RF_TEST_ROWS`` sets the dataset size.
+``RF_TEST_ROWS`` sets the dataset size; ``RF_TEST_CHECKPOINT_EVERY`` sets ``checkpoint_every``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def main(output_dir: str) -> None:
     torch.set_num_threads(1)
     rows = int(os.environ.get("RF_TEST_ROWS", "24"))
     kwargs = dict(cpu_training_kwargs(), use_cpu=True, ddp_backend="gloo", report_to="none")
+    if os.environ.get("RF_TEST_CHECKPOINT_EVERY"):
+        kwargs["checkpoint_every"] = os.environ["RF_TEST_CHECKPOINT_EVERY"]
     callbacks = []
     kill = os.environ.get("RF_TEST_KILL")
     if kill:

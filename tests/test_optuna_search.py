@@ -473,8 +473,12 @@ def test_two_workers_under_accelerate_launch_share_one_study(tmp_path):
            "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            str(HERE / "optuna_script.py"), str(out)]
     started = time.time()
-    done = subprocess.run(cmd, timeout=900, env=_script_env(tmp_path, RF_TEST_ROWS="48"),
-                          capture_output=True, start_new_session=True)
+    # Every boundary durable: any worker may continue any run (with the 60 s default a run's
+    # volatile chunks tie it to the worker that trained them, and in a 10 s experiment worker
+    # 0 could take every run before worker 1 asked; the cadence is tested in test_cadence.py).
+    env = _script_env(tmp_path, RF_TEST_ROWS="48", RF_TEST_CHECKPOINT_EVERY="chunk")
+    done = subprocess.run(cmd, timeout=900, env=env, capture_output=True,
+                          start_new_session=True)
     assert done.returncode == 0, done.stderr.decode()[-4000:]
     trials = _study(out).get_trials()
     # Each proposal asked once (no trial number taken twice), each result told once.
