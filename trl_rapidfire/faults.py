@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-__all__ = ["ExperimentFault", "disk_fault", "fault_message", "free_space"]
+__all__ = ["ExperimentFault", "checkpoint_fault", "disk_fault", "fault_message", "free_space"]
 
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})
 # Also faults when our own writes (checkpoints, the shared state) meet them; a run's own code
@@ -89,3 +89,13 @@ def fault_message(what: str, path: str | os.PathLike | None, detail: str) -> str
     return (f"trl-rapidfire stopped the experiment: cannot write {what}{where}: {detail}. "
             "Every finished chunk is kept; free space (or make the folder writable) and run "
             "the script again to continue from the last chunk boundary.")
+
+
+def checkpoint_fault(error: BaseException | None) -> str | None:
+    """What to say when writing a checkpoint met a disk fault (the experiment's, not the
+    run's); ``None`` when ``error`` is none or not one."""
+    detail = disk_fault(error, ours=True) if error is not None else None
+    if detail is None:
+        return None
+    return str(error) if isinstance(error, ExperimentFault) else fault_message(
+        "the checkpoint", None, detail)

@@ -83,9 +83,11 @@ class RunQueue:
         if resident is not None and resident in self._keys:
             candidates.append(self._ranked(resident, resident))
         for name in finishing:
-            ranked = self._finishing(state, name, resident)
-            if ranked is not None:
-                candidates.append(ranked)
+            # Still held here while its last chunk is recorded: counted as if it were (as
+            # choose counts it).
+            key = self._key_of(state, name, finishing=True)
+            if key is not None:
+                candidates.append((key[0], name != resident, not key[2], key[1], name))
         return min(candidates)[-1] if candidates else None
 
     # ------------------------------------------------------------------ internals
@@ -93,20 +95,6 @@ class RunQueue:
     def _ranked(self, name: str, resident: str | None) -> tuple[float, bool, bool, int, str]:
         progress, index, owned = self._keys[name]
         return progress, name != resident, not owned, index, name
-
-    def _finishing(self, state: ExperimentState, name: str, resident: str | None
-                   ) -> tuple[float, bool, bool, int, str] | None:
-        """A run this worker still holds while its last chunk is being recorded, counted as if
-        that chunk were (as :func:`~trl_rapidfire.store.choose` counts it)."""
-        record = state.runs.get(name)
-        if record is None or record.status not in SCHEDULABLE:
-            return None
-        done, total = record.chunks_done + 1, state.chunks_total[name]
-        owner = state.owner.get(name, self.worker)
-        if done >= total or (owner != self.worker and record.volatile):
-            return None
-        return (_progress(done, total), name != resident,
-                state.owner.get(name) != self.worker, self._place(state, name), name)
 
     def _top(self, heap: list[_Entry], owned_only: bool) -> _Entry | None:
         while heap:
@@ -147,17 +135,21 @@ class RunQueue:
         if key[2]:
             heapq.heappush(self._owned, entry)
 
-    def _key_of(self, state: ExperimentState, name: str) -> _Key | None:
+    def _key_of(self, state: ExperimentState, name: str, *, finishing: bool = False
+                ) -> _Key | None:
         """``name``'s key if ``worker`` may claim it now, else ``None`` (the conditions of
-        :func:`~trl_rapidfire.store.choose`)."""
+        :func:`~trl_rapidfire.store.choose`). ``finishing``: a run this worker still holds while
+        its last chunk is recorded, counted one chunk further, its claim no bar."""
         record = state.runs.get(name)
-        if record is None or name in state.claims or record.status not in SCHEDULABLE:
+        if record is None or record.status not in SCHEDULABLE \
+                or (name in state.claims and not finishing):
             return None
         total = state.chunks_total.get(name, 0)
-        if record.chunks_done >= total:
+        done = record.chunks_done + finishing
+        if done >= total:
             return None
         owner = state.owner.get(name, self.worker)
         if owner != self.worker and record.volatile:
             return None  # its volatile chunks live in their owner only
-        return (_progress(record.chunks_done, total), self._place(state, name),
+        return (_progress(done, total), self._place(state, name),
                 state.owner.get(name) == self.worker)

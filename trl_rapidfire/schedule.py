@@ -18,11 +18,11 @@ from pathlib import Path
 
 from .csv_logs import read_csv_rows
 from .outside_text import STATE_BYTES
-from .own_files import append_text, open_nofollow, read_bytes, write_atomic
+from .own_files import open_nofollow, read_bytes, write_atomic
 from .trust import is_run_name
 
-__all__ = ["ChunkRecord", "Handoffs", "ScheduleAppender", "append_schedule_row",
-           "read_schedule_csv", "write_schedule_csv"]
+__all__ = ["ChunkRecord", "Handoffs", "ScheduleAppender", "read_schedule_csv",
+           "write_schedule_csv"]
 
 
 @dataclass(frozen=True)
@@ -78,11 +78,6 @@ def _row_text(record: ChunkRecord) -> str:
     csv.writer(buf, lineterminator="\n").writerow(
         [getattr(record, name) for name in _FIELDS] + [record.steps])
     return buf.getvalue()
-
-
-def append_schedule_row(record: ChunkRecord, path: str | os.PathLike) -> None:
-    """Append one record to a schedule file started by :func:`write_schedule_csv`."""
-    append_text(path, _row_text(record))  # one write: a reader sees whole lines
 
 
 class ScheduleAppender:

@@ -14,13 +14,10 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..durable import checkpoint_at
-from ..faults import ExperimentFault, disk_fault, fault_message
-from ..own_files import read_json
+from ..faults import checkpoint_fault
 from ..run_queue import RunQueue
 from ..runs import RunState, RunStatus
 from ..schedule import ChunkRecord, ScheduleAppender, read_schedule_csv, write_schedule_csv
@@ -39,32 +36,12 @@ from ..store import (
     roll_back,
 )
 from ..workers import WorkerInfo
+from .catch_up import catch_up_from_disk
 from .claims import Claim, Done, GangWait, Retry, Turn, Wait
-from .records import RunSlot, WeightsAt
-from .support import FaultNote, WallClock, json_knobs, load_trainer_state
+from .records import PendingChunk, RunSlot
+from .support import FaultNote, WallClock, json_knobs
 
 __all__ = ["Claim", "Coordinator", "Done", "GangWait", "Retry", "Turn", "Wait"]
-
-
-@dataclass(eq=False)
-class _Pending:
-    """A chunk trained here, not yet recorded in the shared state.
-
-    ``committed`` resolves once the background writer has written the chunk's checkpoint and
-    recorded the chunk (or what stopped it) in the shared state, in a transaction of its own,
-    fsync'd: that cost stays off the switch path. ``None``: no checkpoint is written (the
-    boundary is volatile, see :mod:`trl_rapidfire.cadence`, or durability is off); the next
-    claim records it."""
-
-    slot: RunSlot
-    record: ChunkRecord
-    complete: bool  # the run's train() ended with this chunk
-    chunks_total: int  # the run's plan as of this chunk
-    committed: concurrent.futures.Future | None = None
-    durable: bool = False  # its checkpoint is written (or complete: its final weights)
-    # What recording did: ("ok", chunks done), ("lost", ""), ("fault", message),
-    # ("failed", error) or ("raised", the exception the state's write raised).
-    outcome: tuple[str, Any] | None = None
 
 
 class Coordinator:
@@ -102,7 +79,7 @@ class Coordinator:
         self._train_calls = 0  # run() calls so far (the same in every worker of a launch)
         self._claimed: tuple[str, int] | None = None
         # Chunks trained but not yet recorded, oldest first.
-        self._pending: list[_Pending] = []
+        self._pending: list[PendingChunk] = []
         # Held by the writer while it records a chunk, and by this worker's own transactions:
         # a transaction that takes the shared state's records as this worker's view (sync)
         # first takes in every chunk the writer recorded, never half of one.
@@ -163,25 +140,8 @@ class Coordinator:
             return
         if record.status == RunStatus.FAILED and slot.error is None:
             slot.error = record.error
-        behind = record.chunks_done > slot.local_chunks
-        if not behind:
-            return
-        if record.status == RunStatus.COMPLETED:
-            final = slot.final_dir
-            if (final / "trainer_state.json").is_file() and slot.weights is not WeightsAt.FINAL:
-                slot.disk_state = load_trainer_state(final / "trainer_state.json")
-                out = read_json(final / "train_output.json")
-                from transformers.trainer_utils import TrainOutput
-
-                slot.train_output = TrainOutput(out["global_step"], out["training_loss"],
-                                                out["metrics"])
-                slot.weights = WeightsAt.FINAL
-        elif slot.checkpoints is not None and record.global_step != getattr(
-            slot.disk_state, "global_step", None
-        ):
-            ckpt = checkpoint_at(slot.checkpoints, record.global_step)
-            if ckpt is not None:
-                slot.disk_state = load_trainer_state(ckpt / "trainer_state.json")
+        if record.chunks_done > slot.local_chunks:  # behind: another worker went on
+            catch_up_from_disk(slot, record)
 
     def sync(self, st: Any) -> None:
         """Inside a transaction: take every run's record that changed as this worker's view."""
@@ -328,7 +288,7 @@ class Coordinator:
         writer, right after the checkpoint (one fsync'd transaction per chunk, none on the
         switch path); with no checkpoint written, by the next claim."""
         write, slot.write = slot.write, None
-        entry = _Pending(slot, record, complete=slot.finished, chunks_total=len(slot.plan),
+        entry = PendingChunk(slot, record, complete=slot.finished, chunks_total=len(slot.plan),
                          durable=write is not None)
         self._pending.append(entry)
         if write is not None:
@@ -342,7 +302,7 @@ class Coordinator:
         for entry in self._pending:
             yield entry.slot.name, entry.record.number
 
-    def _commit(self, entry: _Pending, error: BaseException | None) -> None:
+    def _commit(self, entry: PendingChunk, error: BaseException | None) -> None:
         """In the writer thread: record ``entry``'s chunk (or why it cannot be) durably."""
         with self._commits:
             try:
@@ -353,13 +313,13 @@ class Coordinator:
             entry.outcome = outcome
             entry.committed.set_result(None)
 
-    def _store_record(self, st: Any, entry: _Pending, error: BaseException | None
+    def _store_record(self, st: Any, entry: PendingChunk, error: BaseException | None
                       ) -> tuple[str, Any]:
         """Inside a transaction: the chunk recorded as done, or released (a disk fault: the
         previous boundary stays on disk and recorded, a re-run trains the chunk again from
         there; nothing is failed), or the run failed (its checkpoint could not be written)."""
         name = entry.slot.name
-        fault = _checkpoint_fault(error)
+        fault = checkpoint_fault(error)
         if fault is not None:
             release(st, name, self.worker.id)
             return ("fault", fault)
@@ -439,7 +399,7 @@ class Coordinator:
             if error is None:
                 done.append(slot)
                 continue
-            fault = _checkpoint_fault(error)
+            fault = checkpoint_fault(error)
             if fault is None:
                 raise error
             self._fault.note(fault)
@@ -519,13 +479,3 @@ class Coordinator:
                 slot.local_chunks = -1
                 self._resync(slot)
             self.sync(st)
-
-
-def _checkpoint_fault(error: BaseException | None) -> str | None:
-    """What to say when writing a checkpoint met a disk fault (the experiment's, not the
-    run's: see faults.py); ``None`` when ``error`` is none or not one."""
-    detail = disk_fault(error, ours=True) if error is not None else None
-    if detail is None:
-        return None
-    return str(error) if isinstance(error, ExperimentFault) else fault_message(
-        "the checkpoint", None, detail)

@@ -3,6 +3,7 @@ are, and everything its turns must not lose; and what a ``run()`` call reports b
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
 import traceback
 from dataclasses import dataclass, field
@@ -15,9 +16,10 @@ from ..policies import RunHistory
 from ..residency import Residency
 from ..results import RunResult, latest_metrics
 from ..runs import RunState
+from ..schedule import ChunkRecord
 from ..switch import RngState, RunCoroutine
 
-__all__ = ["EngineStats", "RunFailure", "RunSlot", "WeightsAt", "history_of"]
+__all__ = ["EngineStats", "PendingChunk", "RunFailure", "RunSlot", "WeightsAt", "history_of"]
 
 
 class RunFailure(RuntimeError):
@@ -208,3 +210,24 @@ def history_of(slot: RunSlot, chunks_done: int, *, training: bool = False) -> Ru
         log=tuple(state.log_history) if state is not None else (), knobs=slot.knobs,
         parent=slot.state.parent, training=training,
     )
+
+
+@dataclass(eq=False)
+class PendingChunk:
+    """A chunk trained here, not yet recorded in the shared state.
+
+    ``committed`` resolves once the background writer has written the chunk's checkpoint and
+    recorded the chunk (or what stopped it) in the shared state, in a transaction of its own,
+    fsync'd: that cost stays off the switch path. ``None``: no checkpoint is written (the
+    boundary is volatile, see :mod:`trl_rapidfire.cadence`, or durability is off); the next
+    claim records it."""
+
+    slot: RunSlot
+    record: ChunkRecord
+    complete: bool  # the run's train() ended with this chunk
+    chunks_total: int  # the run's plan as of this chunk
+    committed: concurrent.futures.Future | None = None
+    durable: bool = False  # its checkpoint is written (or complete: its final weights)
+    # What recording did: ("ok", chunks done), ("lost", ""), ("fault", message),
+    # ("failed", error) or ("raised", the exception the state's write raised).
+    outcome: tuple[str, Any] | None = None
