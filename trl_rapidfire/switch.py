@@ -24,7 +24,9 @@ process exactly as it would if it were alone.
 
 from __future__ import annotations
 
+import ctypes
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +83,69 @@ class RunCoroutine:
             self._greenlet.throw(Aborted(self.name))
 
 
+# NumPy's legacy global generator costs ~70 us a switch to read and write whole (its state
+# is a 624-word array), a tenth of a 1-step turn on the tiny model, though training steps
+# rarely draw from it. Its bit generator's raw state (the key and position of MT19937, through
+# NumPy's public ctypes interface) reads in under a microsecond, so the whole state is read or
+# written only when those bytes say it may have moved. What makes a skip exact: a draw from a
+# state without a cached Gaussian (``has_gauss == 0``) always advances the raw state (a
+# Gaussian is made from uniform draws, and only a *cached* one is returned without any), so
+# while the raw bytes stay what they were when the whole state was last known, and that state
+# had no cached Gaussian, the whole state is still that one. A state with a cached Gaussian
+# is always read and written whole.
+_MT_KEY_WORDS = 624
+_MT_RAW_BYTES = _MT_KEY_WORDS * 4 + 4  # uint32 key[624]; int pos
+_raw_layout_ok: bool | None = None  # checked against get_state() the first time
+# (raw bytes, the whole state) as of the last time this module read or wrote the state
+_numpy_known: tuple[bytes, Any] | None = None
+
+
+def _numpy_raw() -> bytes | None:
+    """The raw bytes of NumPy's global MT19937 state, or ``None`` where they cannot be read
+    (another bit generator, or a layout that does not match what ``get_state`` reports)."""
+    global _raw_layout_ok
+    if _raw_layout_ok is False:
+        return None
+    get_bit_generator = getattr(np.random, "get_bit_generator", None)
+    bit_generator = get_bit_generator() if get_bit_generator is not None else None
+    if type(bit_generator) is not np.random.MT19937:
+        return None
+    raw = ctypes.string_at(bit_generator.ctypes.state_address, _MT_RAW_BYTES)
+    if _raw_layout_ok is None:
+        state = np.random.get_state()
+        key = np.ascontiguousarray(state[1], dtype="<u4").tobytes()
+        _raw_layout_ok = (sys.byteorder == "little" and raw[: _MT_KEY_WORDS * 4] == key
+                          and int.from_bytes(raw[-4:], "little", signed=True) == state[2])
+        if not _raw_layout_ok:
+            return None
+    return raw
+
+
+def _numpy_state_now() -> tuple[Any, bytes | None]:
+    """NumPy's legacy global state (``get_state()``'s tuple) and its raw bytes."""
+    global _numpy_known
+    raw = _numpy_raw()
+    known = _numpy_known
+    if raw is not None and known is not None and known[0] == raw and known[1][3] == 0:
+        return known[1], raw
+    state = np.random.get_state()
+    _numpy_known = (raw, state) if raw is not None else None
+    return state, raw
+
+
+def _set_numpy_state(state: Any, raw: bytes | None) -> None:
+    """Make ``state`` (with raw bytes ``raw``, when known) NumPy's legacy global state."""
+    global _numpy_known
+    now = _numpy_raw()
+    known = _numpy_known
+    if (raw is not None and now == raw and state[3] == 0 and known is not None
+            and known[0] == now and known[1][3] == 0 and known[1][4] == state[4]):
+        return  # the whole state is this one already
+    np.random.set_state(state)
+    after = _numpy_raw()
+    _numpy_known = (after, state) if after is not None else None
+
+
 @dataclass
 class RngState:
     """Every process-global random stream a training step may draw from.
@@ -92,16 +157,18 @@ class RngState:
     torch_cpu: torch.Tensor
     torch_cuda: list[torch.Tensor] | None
     python: Any
-    numpy: Any
+    numpy: Any  # np.random.get_state()'s tuple
+    numpy_raw: bytes | None = None  # its generator's raw bytes (None: not known)
 
     @classmethod
     def capture(cls) -> RngState:
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        return cls(torch.get_rng_state(), cuda, random.getstate(), np.random.get_state())
+        numpy, raw = _numpy_state_now()
+        return cls(torch.get_rng_state(), cuda, random.getstate(), numpy, raw)
 
     def restore(self) -> None:
         torch.set_rng_state(self.torch_cpu)
         if self.torch_cuda is not None:
             torch.cuda.set_rng_state_all(self.torch_cuda)
         random.setstate(self.python)
-        np.random.set_state(self.numpy)
+        _set_numpy_state(self.numpy, self.numpy_raw)
