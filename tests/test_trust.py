@@ -130,6 +130,19 @@ def test_tag_clones_refuse_what_loads_code_or_chooses_places(tmp_path):
     assert sorted(rf.engine.slots) == ["run-0", "run-1", "run-2", "run-3"]
 
 
+def test_a_status_op_before_train_says_the_run_is_not_registered_yet(tmp_path):
+    # The run exists (built here) but the shared state has no record of it before train():
+    # the answer must say so, not that no run has its name while listing it.
+    rf = _trainer(tmp_path / "exp")
+    rf.engine.queue_op("run-1", "stop", source="python")
+    with pytest.warns(RuntimeWarning, match="not in the experiment's shared state yet"):
+        [record] = rf.engine.apply_ops()
+    assert record.result.startswith("error: run-1 is not in the experiment's shared state")
+    rf.engine.queue_op("run-9", "stop", source="python")
+    with pytest.warns(RuntimeWarning, match="no run named 'run-9'"):
+        rf.engine.apply_ops()
+
+
 def test_tag_clones_may_change_hyperparameters_and_pick_declared_candidates(tmp_path):
     rf = _trainer(tmp_path / "exp")
     for overrides in ({"learning_rate": 5e-4, "weight_decay": 0.1},

@@ -206,8 +206,12 @@ class OpsDesk:
         if op.verb in ("stop", "resume", "delete", "fail"):
             with self.store.transaction() as st:
                 record = st.runs.get(run)
-                if record is None or run not in self.slots:
+                if run not in self.slots:
                     raise OpError(f"no run named {run!r}; runs: {sorted(self.slots)}")
+                if record is None:  # built here, not registered in the shared state yet
+                    raise OpError(f"{run} is not in the experiment's shared state yet: ops "
+                                  "apply from train() on (queue it with the trainer's op "
+                                  "methods before train())")
                 result = change_status(record, op.verb, reason)
                 # A worker may have opened its next chunk's gang meanwhile: not trained now.
                 disband_forming_gang(st, run)
