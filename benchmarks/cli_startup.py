@@ -34,7 +34,7 @@ client.set_tag(runs[0].info.run_id, "rapidfire.op", "stop")
 def _store(folder: Path, runs: int) -> str:
     """A store as a training experiment leaves it: parent run with a fresh heartbeat, runs
     with their status tags and a few metrics."""
-    from trl_rapidfire.tracking import Tracker
+    from trl_rapidfire.tracking.tracker import Tracker
 
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     tracker = Tracker(folder / "demo", uri=uri)
@@ -64,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.runs, args.repeat = 4, 1
-    cli = [sys.executable, "-m", "trl_rapidfire.cli"]
+    cli = [sys.executable, "-m", "trl_rapidfire.client.cli"]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         uri = _store(folder, args.runs)

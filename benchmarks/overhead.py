@@ -172,8 +172,8 @@ def run_rapidfire(
     polled, as a user's experiment would be.
     """
     from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-    from trl_rapidfire.runs import RunStatus
-    from trl_rapidfire.schedule import Handoffs
+    from trl_rapidfire.shared_state.runs import RunStatus
+    from trl_rapidfire.storage.schedule import Handoffs
 
     with quiet_stdout():
         t0 = time.perf_counter()

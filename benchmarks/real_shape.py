@@ -276,7 +276,7 @@ def rf_step_clock() -> Any:
 
 def side_rf(args: argparse.Namespace, shape: Shape, out: Path) -> dict[str, Any]:
     from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-    from trl_rapidfire.runs import RunStatus
+    from trl_rapidfire.shared_state.runs import RunStatus
     from trl_rapidfire.testing import tiny_lora_config
 
     configs, data = grid(args.quick), dataset(shape, args.steps * args.batch)
@@ -389,7 +389,7 @@ def child(args: argparse.Namespace, side: str, out: Path) -> None:
     result["peak_rss"] = rss if sys.platform == "darwin" else rss * 1024
     result["threads"] = torch.get_num_threads()
     if side == "rf":  # the schedule, read back from the file the engine wrote
-        from trl_rapidfire.schedule import read_schedule_csv
+        from trl_rapidfire.storage.schedule import read_schedule_csv
 
         result["chunks"] = [asdict(c) for c in read_schedule_csv(out / "schedule.csv")]
     else:  # B runs after A: compare its adapters with A's, from the files on disk
@@ -432,7 +432,7 @@ def report(args: argparse.Namespace, rf: dict[str, Any], seq: dict[str, Any], n:
           f"RF in its steps {rf['in_steps']:.1f} s (RF / baseline "
           f"{rf['in_steps'] / in_steps:.3f}), outside them {rf['total'] - rf['in_steps']:.1f} s "
           f"vs {seq['total'] - in_steps:.1f} s")
-    from trl_rapidfire.schedule import ChunkRecord, Handoffs
+    from trl_rapidfire.storage.schedule import ChunkRecord, Handoffs
 
     chunks = sorted(rf["chunks"], key=lambda c: c["start_time"])
     hand = Handoffs.of([ChunkRecord(**c) for c in chunks])

@@ -329,7 +329,7 @@ def engine_stats(stats: Any) -> dict[str, float]:
 
 def run_rf(work: Workload, lrs: Sequence[float], chunks: int, out: str) -> RFRun:
     from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-    from trl_rapidfire.runs import RunStatus
+    from trl_rapidfire.shared_state.runs import RunStatus
 
     reset_clock()
     gc.collect()
@@ -499,7 +499,7 @@ def baseline(work: Workload, lrs: list[float], picks: list[int], rf: RFRun, out:
 
 
 def measure(work: Workload, n: int, chunks: int, k: int, out: str) -> Row:
-    from trl_rapidfire.schedule import Handoffs
+    from trl_rapidfire.storage.schedule import Handoffs
 
     lrs, picks = learning_rates(n), sampled(n, k)
     rf_out = os.path.join(out, "rf")
@@ -717,7 +717,7 @@ class SweepRow:
 
 
 def sweep(args: argparse.Namespace, work: Workload) -> tuple[dict[str, Any], int]:
-    from trl_rapidfire.schedule import Handoffs
+    from trl_rapidfire.storage.schedule import Handoffs
 
     lrs = learning_rates(args.sweep_configs)
     rows: list[SweepRow] = []

@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from trl_rapidfire.state_file import FileStore
-from trl_rapidfire.store import Claim, ExperimentState, claim_next, finish_chunk, renew
+from trl_rapidfire.shared_state.state_file import FileStore
+from trl_rapidfire.shared_state.store import Claim, ExperimentState, claim_next, finish_chunk, renew
 
 LEASE = 60.0
 

@@ -170,7 +170,7 @@ def chunk_end_losses(rf: Any) -> dict[tuple[str, int], float]:
 
 def measure(rf: Any, out: str, start: float, spend: int, steps: int, method: str,
             seed: int) -> Outcome:
-    from trl_rapidfire.schedule import read_schedule_csv
+    from trl_rapidfire.storage.schedule import read_schedule_csv
 
     records = sorted(read_schedule_csv(Path(out) / "schedule.csv"), key=lambda r: r.end_time)
     losses = chunk_end_losses(rf)
@@ -332,7 +332,7 @@ def main(args: Any, bench: ModuleType) -> int:
     helpers this shares); ``args`` are its parsed arguments."""
     import optuna  # noqa: F401 - fail before anything trains when it is missing
 
-    from trl_rapidfire.chunks import plan_chunks
+    from trl_rapidfire.engine.chunks import plan_chunks
     from trl_rapidfire.testing import make_sft_dataset, tiny_model_path
 
     threads = torch.get_num_threads()

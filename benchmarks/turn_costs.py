@@ -57,9 +57,9 @@ def timed(owner: Any, name: str, label: str) -> None:
 def instrument() -> None:
     from trl_rapidfire.engine.coordination import Coordinator
     from trl_rapidfire.engine.turns import Turns
-    from trl_rapidfire.models import ModelGroup
-    from trl_rapidfire.residency import Residency
-    from trl_rapidfire.switch import RngState
+    from trl_rapidfire.runtime.models import ModelGroup
+    from trl_rapidfire.runtime.residency import Residency
+    from trl_rapidfire.runtime.switch import RngState
 
     for owner, name, label in [
         (Coordinator, "claim", "claim (shared state: lock, journal, decision)"),
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     datasets.disable_progress_bars()
     transformers.logging.set_verbosity_error()
     from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-    from trl_rapidfire.schedule import Handoffs
+    from trl_rapidfire.storage.schedule import Handoffs
     from trl_rapidfire.testing import tiny_lora_config
 
     path, data, kwargs, targets, ranks, chunks = workload(args)

@@ -53,7 +53,7 @@ def experiment(output_dir: str, rows: int) -> None:
 
 
 def _side(workers: int, out: Path, rows: int) -> tuple[float, float]:
-    from trl_rapidfire.schedule import read_schedule_csv
+    from trl_rapidfire.storage.schedule import read_schedule_csv
 
     cmd = [sys.executable, __file__, "--experiment", str(out), "--rows", str(rows)]
     if workers > 1:

@@ -21,7 +21,7 @@ from typing import Any
 from peft import LoraConfig
 
 from trl_rapidfire import GridSearch, List, RandomSearch, Range, RFSFTConfig
-from trl_rapidfire.display import table
+from trl_rapidfire.reports.display import table
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
           f"{config.output_dir}/schedule.csv")
     tracker = trainer.engine.tracker
     if tracker is not None:  # MLflow's UI on this experiment's runs table (Model training view)
-        from trl_rapidfire.dashboard import runs_url
+        from trl_rapidfire.client.dashboard import runs_url
 
         url = runs_url("http://127.0.0.1:5000", tracker.experiment_id)
         print(f"Dashboard: trl-rapidfire dashboard   then open {url}")

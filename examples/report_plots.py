@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer, SuccessiveHalving
-from trl_rapidfire.plots import write_report
+from trl_rapidfire.reports.plots import write_report
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

@@ -63,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
     from peft import LoraConfig
 
     from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
+    from trl_rapidfire.runtime.workers import current_worker
     from trl_rapidfire.testing import (
         cpu_training_kwargs,
         fsdp_on_cpu,
@@ -70,7 +71,6 @@ def main(argv: Sequence[str] | None = None) -> Any:
         tiny_lora_config,
         tiny_model_path,
     )
-    from trl_rapidfire.workers import current_worker
 
     args = parse_args(argv)
     lite = SEED_FSDP_LITE

@@ -36,8 +36,8 @@ from peft import LoraConfig
 from transformers import TrainingArguments
 
 from trl_rapidfire import List, RFSFTConfig
-from trl_rapidfire.report import chunk_timeline
-from trl_rapidfire.report import results_table as table_of_runs
+from trl_rapidfire.reports.report import chunk_timeline
+from trl_rapidfire.reports.report import results_table as table_of_runs
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

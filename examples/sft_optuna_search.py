@@ -26,10 +26,10 @@ from typing import Any
 import optuna
 
 from trl_rapidfire import List, OptunaPruner, OptunaSearch, Range, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.display import table
-from trl_rapidfire.experiment_data import read_search_log
-from trl_rapidfire.layout import Layout
-from trl_rapidfire.report import results_table, search_rows
+from trl_rapidfire.reports.display import table
+from trl_rapidfire.reports.experiment_data import read_search_log
+from trl_rapidfire.reports.report import results_table, search_rows
+from trl_rapidfire.storage.layout import Layout
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trl_rapidfire import Budget, List, RFSFTConfig, RFSFTTrainer, SuccessiveHalving
-from trl_rapidfire.report import chunk_timeline, results_table
+from trl_rapidfire.reports.report import chunk_timeline, results_table
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

@@ -28,7 +28,7 @@ import torch
 from transformers import TrainerCallback
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.state_file import FileStore
+from trl_rapidfire.shared_state.state_file import FileStore
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

@@ -19,7 +19,7 @@ import torch
 from experiment_script import KillAt
 
 from trl_rapidfire import List, Range, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.optuna_search import OptunaSearch
+from trl_rapidfire.integrations.optuna.search import OptunaSearch
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

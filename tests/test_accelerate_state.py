@@ -7,7 +7,7 @@ from accelerate.state import AcceleratorState
 from trl import SFTConfig, SFTTrainer
 
 from trl_rapidfire import GridSearch, List, RFSFTConfig
-from trl_rapidfire.accelerate_state import preserved_accelerate_state
+from trl_rapidfire.runtime.accelerate_state import preserved_accelerate_state
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.control import OpError, parse_op
-from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.control.ops import OpError, parse_op
+from trl_rapidfire.shared_state.runs import RunStatus
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

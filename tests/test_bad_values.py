@@ -26,9 +26,13 @@ from trl_rapidfire import (
     RFSFTTrainer,
     SearchError,
 )
-from trl_rapidfire.dataset_checks import check_dpo_dataset, check_grpo_dataset, check_sft_dataset
-from trl_rapidfire.preflight import PreflightError, check_run
-from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.config.dataset_checks import (
+    check_dpo_dataset,
+    check_grpo_dataset,
+    check_sft_dataset,
+)
+from trl_rapidfire.config.preflight import PreflightError, check_run
+from trl_rapidfire.shared_state.runs import RunStatus
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_dpo_dataset,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 from peft import get_peft_model_state_dict
 
-from trl_rapidfire.models import ModelPool, adapter_name, adapter_params
+from trl_rapidfire.runtime.models import ModelPool, adapter_name, adapter_params
 from trl_rapidfire.testing import build_model, build_tokenizer, tiny_lora_config
 from trl_rapidfire.trainers.run_trainer import RunTrainerMixin, _params_behind
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from trl_rapidfire.cache import TENSORS_FILE, TREE_FILE, StateCache, load_tree, save_tree
+from trl_rapidfire.runtime.cache import TENSORS_FILE, TREE_FILE, StateCache, load_tree, save_tree
 
 
 def assert_tree_equal(a, b, path="tree"):

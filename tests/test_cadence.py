@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from trl_rapidfire import RFSFTConfig
-from trl_rapidfire.cadence import CheckpointCadence, parse_cadence
-from trl_rapidfire.configs import RFConfigError
-from trl_rapidfire.runs import RunState
-from trl_rapidfire.state_file import FileStore
-from trl_rapidfire.store import ExperimentState, claim_next, finish_chunk, mark_durable
+from trl_rapidfire.config.cadence import CheckpointCadence, parse_cadence
+from trl_rapidfire.config.configs import RFConfigError
+from trl_rapidfire.shared_state.runs import RunState
+from trl_rapidfire.shared_state.state_file import FileStore
+from trl_rapidfire.shared_state.store import ExperimentState, claim_next, finish_chunk, mark_durable
 
 LEASE = 30.0
 
@@ -170,7 +170,7 @@ def test_only_due_boundaries_are_written_and_the_runs_end_as_with_every_boundary
 def test_a_stopped_run_and_the_end_of_train_write_the_volatile_boundaries(tmp_path):
     from transformers import TrainerCallback
 
-    from trl_rapidfire.durable import checkpoint_at
+    from trl_rapidfire.storage.checkpoints import checkpoint_at
 
     out = tmp_path / "exp"
     trainer = _experiment(out, checkpoint_every="1h")

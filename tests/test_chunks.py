@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from trl import SFTConfig, SFTTrainer
 
-from trl_rapidfire.chunks import ChunkPlanError, plan_chunks, training_steps
+from trl_rapidfire.engine.chunks import ChunkPlanError, plan_chunks, training_steps
 from trl_rapidfire.testing import cpu_training_kwargs, make_sft_dataset, tiny_model_path
 
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from trl_rapidfire.cli import main
-from trl_rapidfire.tracking import Tracker
+from trl_rapidfire.client.cli import main
+from trl_rapidfire.tracking.tracker import Tracker
 
 
 def _one_error_line(capsys, command: str) -> str:
@@ -76,7 +76,7 @@ def test_a_hung_tracking_server_from_the_environment_is_one_line_within_seconds(
 
 def test_the_console_command_against_a_closed_port_exits_2_with_one_line(closed_port):
     proc = subprocess.run(
-        [sys.executable, "-m", "trl_rapidfire.cli", "stop", "run-0", "--uri",
+        [sys.executable, "-m", "trl_rapidfire.client.cli", "stop", "run-0", "--uri",
          f"http://127.0.0.1:{closed_port}"],
         capture_output=True, text=True, timeout=120,  # MLflow's own retries take minutes
     )
@@ -171,7 +171,7 @@ def test_a_half_created_store_holding_runs_is_one_line_naming_the_file(tmp_path,
 def test_a_good_call_still_works_and_bugs_keep_their_traceback(store, capsys, monkeypatch):
     assert main(["stop", "run-1", "--uri", store]) == 0
     assert "run-1: stop sent" in capsys.readouterr().out
-    import trl_rapidfire.control as control
+    import trl_rapidfire.client.send as control
 
     def broken(*args, **kwargs):
         raise TypeError("a bug")

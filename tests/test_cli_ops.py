@@ -6,8 +6,8 @@ import pytest
 from mlflow import MlflowClient
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.cli import main
-from trl_rapidfire.control import find_experiment
+from trl_rapidfire.client.cli import main
+from trl_rapidfire.client.send import find_experiment
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

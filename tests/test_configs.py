@@ -18,7 +18,7 @@ from trl_rapidfire import (
     RFGRPOConfig,
     RFSFTConfig,
 )
-from trl_rapidfire.configs import normalize_fsdp_config
+from trl_rapidfire.config.configs import normalize_fsdp_config
 
 RF_ONLY = {"num_chunks", "warmup_ratio", "cache_budget_bytes", "clone_overrides",
            "checkpoint_every"}

@@ -23,7 +23,7 @@ import pytest
 from browser import chromium, wait_for_rows
 from mlflow_server import free_port
 
-from trl_rapidfire.dashboard import local_store_path, runs_url, runs_view_state
+from trl_rapidfire.client.dashboard import local_store_path, runs_url, runs_view_state
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOT = ROOT / "docs" / "img" / "dashboard_runs.png"
@@ -47,7 +47,7 @@ class Dashboard:
     def __init__(self, args: list[str], cwd: Path, log: Path) -> None:
         self._log = log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trl_rapidfire.cli", "dashboard", *args], cwd=cwd,
+            [sys.executable, "-m", "trl_rapidfire.client.cli", "dashboard", *args], cwd=cwd,
             env=_env(), stdout=subprocess.PIPE, stderr=self._log, text=True,
             start_new_session=True)  # the test, not a terminal, signals it
         self.lines: queue.Queue[str] = queue.Queue()
@@ -147,7 +147,7 @@ def test_a_missing_store_is_refused_in_one_line_and_nothing_is_created(tmp_path,
     db = tmp_path / "nowhere" / "mlflow.db" if where == "--uri" else tmp_path / "mlflow.db"
     args = ["--uri", f"sqlite:///{db}"] if where == "--uri" else []
     # In-process in a child: the refusal imports neither torch nor mlflow (it is instant).
-    code = ("import sys; from trl_rapidfire.cli import main;"
+    code = ("import sys; from trl_rapidfire.client.cli import main;"
             " rc = main(['dashboard', *sys.argv[1:]]);"
             " print(sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules));"
             " sys.exit(rc)")
@@ -203,7 +203,7 @@ def browser():
 def _tracked_experiment(tmp_path: Path) -> str:
     """An experiment of 8 runs, made by trl-rapidfire's own Tracker as training makes it: a
     parent run, one child run per RF run with its knobs as params, losses and status tags."""
-    from trl_rapidfire.tracking import Tracker
+    from trl_rapidfire.tracking.tracker import Tracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(tmp_path / "exp", uri=uri, write_interval=0.05)

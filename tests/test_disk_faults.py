@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from trl_rapidfire import ExperimentFault, List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.faults import disk_fault
-from trl_rapidfire.state_file import FileStore
+from trl_rapidfire.shared_state.state_file import FileStore
+from trl_rapidfire.storage.faults import disk_fault
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
 
 from trl_rapidfire import GridSearch, List, RFDPOConfig, RFDPOTrainer, RFGRPOConfig, RFGRPOTrainer
-from trl_rapidfire.models import module_bytes
-from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.runtime.models import module_bytes
+from trl_rapidfire.shared_state.runs import RunStatus
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_dpo_dataset,

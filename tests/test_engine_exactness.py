@@ -17,7 +17,7 @@ from transformers import LlamaForCausalLM, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from trl_rapidfire import GridSearch, List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.shared_state.runs import RunStatus
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

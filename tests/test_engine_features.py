@@ -14,9 +14,9 @@ from transformers import TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.configs import RFConfigError
-from trl_rapidfire.runs import RunStatus
-from trl_rapidfire.schedule import read_schedule_csv
+from trl_rapidfire.config.configs import RFConfigError
+from trl_rapidfire.shared_state.runs import RunStatus
+from trl_rapidfire.storage.schedule import read_schedule_csv
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

@@ -68,7 +68,7 @@ def _loss_type(value) -> str:
 
 def test_dpo_example_trains_every_config_against_the_shared_base_model(dpo_example, tmp_path,
                                                                         capsys):
-    from trl_rapidfire.runs import RunStatus
+    from trl_rapidfire.shared_state.runs import RunStatus
 
     num_chunks = 2
     rf = dpo_example.main(["--rows", "40", "--num-chunks", str(num_chunks),
@@ -106,7 +106,7 @@ def test_dpo_example_trains_every_config_against_the_shared_base_model(dpo_examp
 
 def test_grpo_example_zips_rewards_and_cuts_chunks_on_generation_cycles(grpo_example, tmp_path,
                                                                          capsys):
-    from trl_rapidfire.runs import RunStatus
+    from trl_rapidfire.shared_state.runs import RunStatus
     from trl_rapidfire.trainers.grpo import generation_cycle_steps
 
     num_chunks = 3

@@ -12,7 +12,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "sft_optuna_sear
 
 def test_example_proposes_prunes_and_shows_the_search(monkeypatch, tmp_path, capsys):
     pytest.importorskip("optuna")
-    from trl_rapidfire.runs import RunStatus
+    from trl_rapidfire.shared_state.runs import RunStatus
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     spec = importlib.util.spec_from_file_location("sft_optuna_search_example", EXAMPLE)

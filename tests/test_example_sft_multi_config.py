@@ -26,7 +26,7 @@ def example(monkeypatch):
 
 
 def test_example_trains_every_config_and_reports(example, tmp_path, capsys):
-    from trl_rapidfire.runs import RunStatus
+    from trl_rapidfire.shared_state.runs import RunStatus
 
     num_chunks = 2
     rf = example.main(["--rows", "40", "--batch-size", "8", "--num-chunks", str(num_chunks),

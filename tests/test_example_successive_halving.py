@@ -10,7 +10,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "sft_successive_
 
 
 def test_example_halves_the_runs_and_shows_why(monkeypatch, tmp_path, capsys):
-    from trl_rapidfire.runs import RunStatus
+    from trl_rapidfire.shared_state.runs import RunStatus
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     spec = importlib.util.spec_from_file_location("sft_successive_halving_example", EXAMPLE)

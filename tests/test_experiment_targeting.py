@@ -13,16 +13,16 @@ from mlflow import MlflowClient
 from transformers import TrainerCallback
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.cli import main
+from trl_rapidfire.client.cli import main
+from trl_rapidfire.client.experiments import find_experiment
 from trl_rapidfire.engine import RunFailure
-from trl_rapidfire.experiments import find_experiment
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,
     tiny_lora_config,
     tiny_model_path,
 )
-from trl_rapidfire.tracking import HEARTBEAT_TAG, Tracker
+from trl_rapidfire.tracking.tracker import HEARTBEAT_TAG, Tracker
 
 BASE = dict(cpu_training_kwargs(), per_device_train_batch_size=4, report_to="mlflow")
 
@@ -228,7 +228,7 @@ def test_the_cli_never_imports_the_training_stack(tmp_path):
         tracker.flush()
         code = (
             "import sys\n"
-            "from trl_rapidfire.cli import main\n"
+            "from trl_rapidfire.client.cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             f"assert main(['status', '--uri', {uri!r}]) == 0\n"
             f"assert main(['stop', 'run-0', '--uri', {uri!r}]) == 0\n"

@@ -7,7 +7,7 @@ import multiprocessing
 import threading
 import time
 
-from trl_rapidfire.flock import flock_for
+from trl_rapidfire.shared_state.flock import flock_for
 
 
 def _bump(path, lock_path, times):

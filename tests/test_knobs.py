@@ -1,4 +1,5 @@
-"""Tests for ``trl_rapidfire.knobs``: the ``List`` and ``Range`` knobs and their JSON form."""
+"""Tests for ``trl_rapidfire.config.knobs``: the ``List`` and ``Range`` knobs and their JSON
+form."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from peft import LoraConfig
 
-from trl_rapidfire.knobs import KnobError, List, Range, is_knob, knob_from_json
+from trl_rapidfire.config.knobs import KnobError, List, Range, is_knob, knob_from_json
 
 
 def reward_a(completions, **kwargs):
@@ -392,7 +393,7 @@ def test_knob_from_json_rejects_non_bool_log():
 def test_a_lora_config_is_described_by_rank_alpha_and_targets():
     from peft import LoraConfig
 
-    from trl_rapidfire.knobs import describe_value
+    from trl_rapidfire.config.knobs import describe_value
 
     assert describe_value(LoraConfig(r=8, lora_alpha=16, target_modules=["v_proj", "q_proj"])) \
         == "LoraConfig(r=8, alpha=16, targets=['q_proj', 'v_proj'])"

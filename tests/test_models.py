@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from trl_rapidfire.models import (
+from trl_rapidfire.runtime.models import (
     ModelPool,
     adapter_name,
     adapter_params,

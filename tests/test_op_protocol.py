@@ -17,7 +17,7 @@ import pytest
 from mlflow import MlflowClient
 from transformers import TrainerCallback
 
-from trl_rapidfire.tracking import (
+from trl_rapidfire.tracking.tracker import (
     OP_RESULT_TAG,
     OP_SEQ_TAG,
     OP_TAG,

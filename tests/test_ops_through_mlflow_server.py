@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.shared_state.runs import RunStatus
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,
@@ -148,7 +148,7 @@ def test_ops_from_the_ui_take_effect_at_the_next_boundary(server, tmp_path, monk
 def test_dashboard_command_serves_the_store_and_stops_cleanly(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trl_rapidfire.cli", "dashboard", "--port", str(port),
+        [sys.executable, "-m", "trl_rapidfire.client.cli", "dashboard", "--port", str(port),
          "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--create"],  # a new, empty store
         stdout=subprocess.PIPE, text=True, start_new_session=True,
     )

@@ -12,9 +12,7 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-from trl_rapidfire.optuna_pruner import OptunaPruner  # noqa: E402
-from trl_rapidfire.optuna_support import OptunaMissing  # noqa: E402
-from trl_rapidfire.policies import (  # noqa: E402
+from trl_rapidfire.control.policies import (  # noqa: E402
     Budget,
     Context,
     Decision,
@@ -22,7 +20,9 @@ from trl_rapidfire.policies import (  # noqa: E402
     RunHistory,
     as_policy,
 )
-from trl_rapidfire.runs import RunStatus  # noqa: E402
+from trl_rapidfire.integrations.optuna.pruner import OptunaPruner  # noqa: E402
+from trl_rapidfire.integrations.optuna.support import OptunaMissing  # noqa: E402
+from trl_rapidfire.shared_state.runs import RunStatus  # noqa: E402
 
 P = optuna.pruners
 CHUNK = 10  # steps per chunk in every synthetic run

@@ -20,9 +20,9 @@ from transformers import TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from trl_rapidfire import List, Range, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.configs import RFConfigError
-from trl_rapidfire.runs import RunStatus
-from trl_rapidfire.search import SearchError
+from trl_rapidfire.config.configs import RFConfigError
+from trl_rapidfire.search.searches import SearchError
+from trl_rapidfire.shared_state.runs import RunStatus
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,
@@ -32,7 +32,7 @@ from trl_rapidfire.testing import (
 
 optuna = pytest.importorskip("optuna")
 
-from trl_rapidfire.optuna_search import OptunaSearch  # noqa: E402
+from trl_rapidfire.integrations.optuna.search import OptunaSearch  # noqa: E402
 
 HERE = Path(__file__).parent
 SCHEDULERS = ["linear", "cosine", "constant"]
@@ -279,7 +279,7 @@ def test_a_rerun_with_a_bigger_budget_continues_the_study(tmp_path):
 
 
 def test_status_of_an_untracked_search_shows_each_runs_trial(tmp_path, capsys):
-    from trl_rapidfire.cli import main
+    from trl_rapidfire.client.cli import main
 
     out = tmp_path / "exp"
     _trainer(out, OptunaSearch(num_runs=3, max_concurrent=2, seed=3)).train()
@@ -295,8 +295,8 @@ def test_status_of_an_untracked_search_shows_each_runs_trial(tmp_path, capsys):
 
 def test_status_and_report_show_which_runs_the_sampler_proposed_and_when(tmp_path, monkeypatch,
                                                                        capsys):
-    from trl_rapidfire.cli import main
-    from trl_rapidfire.plots import write_report
+    from trl_rapidfire.client.cli import main
+    from trl_rapidfire.reports.plots import write_report
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -363,7 +363,7 @@ def test_a_search_without_knobs_is_refused(tmp_path):
 
 
 def test_without_optuna_the_classes_name_the_extra(monkeypatch):
-    from trl_rapidfire.optuna_support import OptunaMissing
+    from trl_rapidfire.integrations.optuna.support import OptunaMissing
 
     monkeypatch.setitem(sys.modules, "optuna", None)
     with pytest.raises(OptunaMissing, match=r"trl-rapidfire\[optuna\]"):
@@ -391,7 +391,7 @@ def test_what_identifies_a_search_over_a_config_group():
 def test_knobs_map_to_distributions_and_back():
     from peft import LoraConfig
 
-    from trl_rapidfire.optuna_space import SearchSpace
+    from trl_rapidfire.integrations.optuna.space import SearchSpace
 
     search = OptunaSearch(num_runs=2)
     lora = [LoraConfig(r=4, target_modules=["q_proj"]), LoraConfig(r=8, target_modules=["q_proj"])]

@@ -12,9 +12,10 @@ import os
 
 import pytest
 
-from trl_rapidfire.cli import main as cli_main
-from trl_rapidfire.control import OpError, parse_op, resolve_overrides
-from trl_rapidfire.outside_text import (
+from trl_rapidfire.client.cli import main as cli_main
+from trl_rapidfire.control.ops import OpError, parse_op, resolve_overrides
+from trl_rapidfire.shared_state.state_schema import BadState, check_document, check_line
+from trl_rapidfire.storage.outside_text import (
     MAX_DEPTH,
     OP_TEXT_BYTES,
     NotJSON,
@@ -22,8 +23,7 @@ from trl_rapidfire.outside_text import (
     loads,
     nesting_depth,
 )
-from trl_rapidfire.own_files import LinkRefused, append_text, read_bytes, write_atomic
-from trl_rapidfire.state_schema import BadState, check_document, check_line
+from trl_rapidfire.storage.own_files import LinkRefused, append_text, read_bytes, write_atomic
 
 DEEP = "[" * 1500 + "]" * 1500
 
@@ -159,8 +159,8 @@ def test_a_journal_line_that_names_anything_else_is_refused_whole(line):
 
 
 def test_journal_lines_are_checked_before_they_change_the_state(tmp_path):
-    from trl_rapidfire.state_file import FileStore
-    from trl_rapidfire.store import StoreError
+    from trl_rapidfire.shared_state.state_file import FileStore
+    from trl_rapidfire.shared_state.store import StoreError
 
     store = FileStore(tmp_path, fingerprint="fp")
     with store.transaction() as st:

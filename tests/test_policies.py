@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from trl_rapidfire.policies import (
+from trl_rapidfire.control.policies import (
     Budget,
     Context,
     Decision,
@@ -17,7 +17,7 @@ from trl_rapidfire.policies import (
     as_policy,
     metric_at,
 )
-from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.shared_state.runs import RunStatus
 
 CHUNK = 10  # steps per chunk in every synthetic run
 

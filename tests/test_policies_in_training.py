@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.policies import Budget, RunHistory, SuccessiveHalving, metric_at
-from trl_rapidfire.runs import RunStatus
-from trl_rapidfire.state_file import FileStore
+from trl_rapidfire.control.policies import Budget, RunHistory, SuccessiveHalving, metric_at
+from trl_rapidfire.shared_state.runs import RunStatus
+from trl_rapidfire.shared_state.state_file import FileStore
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

@@ -25,7 +25,7 @@ from browser import chromium, wait_for_rows
 from mlflow_server import free_port, wait_until_up
 from terminal import run_in_a_pty, screen
 
-from trl_rapidfire.progress import TABLE_WIDTH
+from trl_rapidfire.reports.progress import TABLE_WIDTH
 from trl_rapidfire.testing import tiny_model_path
 
 ROOT = Path(__file__).resolve().parent.parent

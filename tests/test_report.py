@@ -1,9 +1,9 @@
 """Text reports: the runs table and the chunk timeline."""
 
-from trl_rapidfire.report import chunk_timeline, format_value, results_table
-from trl_rapidfire.results import RunResult
-from trl_rapidfire.runs import RunStatus
-from trl_rapidfire.schedule import ChunkRecord
+from trl_rapidfire.reports.report import chunk_timeline, format_value, results_table
+from trl_rapidfire.reports.results import RunResult
+from trl_rapidfire.shared_state.runs import RunStatus
+from trl_rapidfire.storage.schedule import ChunkRecord
 from trl_rapidfire.testing import tiny_lora_config
 
 

@@ -14,9 +14,9 @@ import pytest
 from transformers import TrainerCallback
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.cli import main
-from trl_rapidfire.plot_legend import run_labels, short_values
-from trl_rapidfire.plots import (
+from trl_rapidfire.client.cli import main
+from trl_rapidfire.reports.plot_legend import run_labels, short_values
+from trl_rapidfire.reports.plots import (
     ExperimentData,
     OpEvent,
     RunData,
@@ -27,8 +27,8 @@ from trl_rapidfire.plots import (
     schedule_figure,
     write_report,
 )
-from trl_rapidfire.report import format_value
-from trl_rapidfire.schedule import ChunkRecord, write_schedule_csv
+from trl_rapidfire.reports.report import format_value
+from trl_rapidfire.storage.schedule import ChunkRecord, write_schedule_csv
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

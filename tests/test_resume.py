@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.runs import RunStatus
-from trl_rapidfire.schedule import read_schedule_csv
+from trl_rapidfire.shared_state.runs import RunStatus
+from trl_rapidfire.storage.schedule import read_schedule_csv
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,

@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from trl_rapidfire import state_file
-from trl_rapidfire.run_queue import RunQueue
-from trl_rapidfire.runs import RunStatus
-from trl_rapidfire.state_file import FileStore
-from trl_rapidfire.store import (
+from trl_rapidfire.shared_state import state_file
+from trl_rapidfire.shared_state.run_queue import RunQueue
+from trl_rapidfire.shared_state.runs import RunStatus
+from trl_rapidfire.shared_state.state_file import FileStore
+from trl_rapidfire.shared_state.store import (
     choose,
     claim_next,
     expire,
@@ -158,7 +158,7 @@ def test_a_claim_recomputes_only_the_runs_that_changed(tmp_path, monkeypatch):
 def test_progress_as_a_float_orders_and_ties_as_exact_fractions():
     from fractions import Fraction
 
-    from trl_rapidfire.run_queue import _progress
+    from trl_rapidfire.shared_state.run_queue import _progress
 
     pairs = [(d, t) for t in range(1, 301) for d in range(t + 1)]
     exact = sorted({Fraction(d, t) for d, t in pairs})

@@ -6,7 +6,13 @@ import itertools
 
 import pytest
 
-from trl_rapidfire.runs import TRANSITIONS, IllegalTransition, RunState, RunStatus, transition
+from trl_rapidfire.shared_state.runs import (
+    TRANSITIONS,
+    IllegalTransition,
+    RunState,
+    RunStatus,
+    transition,
+)
 
 S = RunStatus
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trl_rapidfire.schedule import ChunkRecord, Handoffs
+from trl_rapidfire.storage.schedule import ChunkRecord, Handoffs
 
 
 def _row(run: str, start: float, end: float, worker: int = 0) -> ChunkRecord:
@@ -25,8 +25,8 @@ def test_gaps_are_between_one_workers_chunks_in_time_order():
 def test_rows_appended_through_a_kept_descriptor_follow_a_rewritten_file(tmp_path):
     """The appender keeps schedule.csv open between chunks; when a worker that registered
     rewrote the file whole, later rows go to the new file, and never through a link."""
-    from trl_rapidfire.own_files import LinkRefused
-    from trl_rapidfire.schedule import (
+    from trl_rapidfire.storage.own_files import LinkRefused
+    from trl_rapidfire.storage.schedule import (
         ChunkRecord,
         ScheduleAppender,
         read_schedule_csv,

@@ -1,7 +1,7 @@
 """The scheduler's rule: least progress first, ties to the resident run, then declaration order."""
 
-from trl_rapidfire.runs import RunStatus
-from trl_rapidfire.scheduler import RunView, pick_next
+from trl_rapidfire.shared_state.runs import RunStatus
+from trl_rapidfire.shared_state.scheduler import RunView, pick_next
 
 P, R, S, C, F = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.STOPPED, RunStatus.COMPLETED,
                  RunStatus.FAILED)

@@ -1,4 +1,5 @@
-"""Tests for ``trl_rapidfire.search``: how knobs expand into runs, and pre-flight checks."""
+"""Tests for ``trl_rapidfire.search.searches``: how knobs expand into runs, and pre-flight
+checks."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from trl_rapidfire import (
     RunSpec,
     SearchError,
 )
-from trl_rapidfire.preflight import allowed_values
+from trl_rapidfire.config.preflight import allowed_values
 
 
 @pytest.fixture
@@ -616,7 +617,7 @@ def test_duplicate_error_names_the_value_and_positions(cpu):
 
 
 def test_a_knob_inside_a_config_object_is_a_clear_error(cpu):
-    from trl_rapidfire.search import SearchError
+    from trl_rapidfire.search.searches import SearchError
 
     with pytest.raises(SearchError, match=r"peft_config: LoraConfig\(r=List\(\[8, 16\]\)\) has a "
                                           r"knob inside it.*peft_config=List\(\[LoraConfig"):

@@ -21,8 +21,8 @@ from trl_rapidfire import (
     RFSFTTrainer,
     SuccessiveHalving,
 )
-from trl_rapidfire.cli import main as cli_main
-from trl_rapidfire.knobs import KnobError, knob_from_json
+from trl_rapidfire.client.cli import main as cli_main
+from trl_rapidfire.config.knobs import KnobError, knob_from_json
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_grpo_dataset,
@@ -138,8 +138,8 @@ def test_a_single_grpo_run_whose_reward_raises_says_which_run(tmp_path):
 def test_a_damaged_optuna_journal_is_an_error_naming_the_file(tmp_path):
     pytest.importorskip("optuna")
     from trl_rapidfire import Range
-    from trl_rapidfire.optuna_search import OptunaSearch
-    from trl_rapidfire.store import StoreError
+    from trl_rapidfire.integrations.optuna.search import OptunaSearch
+    from trl_rapidfire.shared_state.store import StoreError
 
     def build():
         return RFSFTTrainer(

@@ -23,10 +23,10 @@ from launched import launch_env, loss_history
 from mlflow_server import free_port, mlflow_server
 from safetensors.torch import load_file
 
-from trl_rapidfire.schedule import read_schedule_csv
-from trl_rapidfire.state_file import FileStore
+from trl_rapidfire.shared_state.state_file import FileStore
+from trl_rapidfire.storage.schedule import read_schedule_csv
 from trl_rapidfire.testing import tiny_model_path
-from trl_rapidfire.tracking_tags import check_uri_across_machines
+from trl_rapidfire.tracking.tags import check_uri_across_machines
 
 SCRIPT = Path(__file__).with_name("experiment_script.py")
 RUNS = [f"run-{i}" for i in range(4)]
@@ -93,7 +93,7 @@ def _tree(pid: int) -> list[int]:
 
 def _machine_1_training(out: Path) -> bool:
     """Whether a worker of machine 1 (host node1) holds a claim in the shared state now."""
-    from trl_rapidfire.state_file import FileStore
+    from trl_rapidfire.shared_state.state_file import FileStore
 
     if not (out / ".rapidfire").is_dir():
         return False
@@ -114,7 +114,7 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 
 def test_the_lease_comes_from_the_environment(monkeypatch):
-    from trl_rapidfire.workers import LEASE_VARIABLE, lease_seconds
+    from trl_rapidfire.runtime.workers import LEASE_VARIABLE, lease_seconds
 
     monkeypatch.delenv(LEASE_VARIABLE, raising=False)
     assert lease_seconds() == 120.0
@@ -131,7 +131,7 @@ def test_the_launch_identity_comes_from_the_rendezvous_store(monkeypatch):
 
     from torch.distributed import TCPStore
 
-    from trl_rapidfire.workers import _launch_identity, _machines
+    from trl_rapidfire.runtime.workers import _launch_identity, _machines
 
     port = free_port()
     # What torchrun's agent on machine 0 hosts, and what it tells every worker.
@@ -165,9 +165,9 @@ def test_a_folder_that_cannot_lock_stops_the_experiment_before_anything_trains(
     import errno
     import fcntl
 
-    import trl_rapidfire.flock as flock_module
+    import trl_rapidfire.shared_state.flock as flock_module
     from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-    from trl_rapidfire.flock import LockUnsupported
+    from trl_rapidfire.shared_state.flock import LockUnsupported
     from trl_rapidfire.testing import cpu_training_kwargs, make_sft_dataset, tiny_lora_config
 
     real_flock = fcntl.flock

@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from trl_rapidfire import state_changes, state_file
-from trl_rapidfire.runs import RunStatus
-from trl_rapidfire.state_file import FileStore
-from trl_rapidfire.store import (
+from trl_rapidfire.shared_state import state_changes, state_file
+from trl_rapidfire.shared_state.runs import RunStatus
+from trl_rapidfire.shared_state.state_file import FileStore
+from trl_rapidfire.shared_state.store import (
     ExperimentState,
     StoreError,
     claim_next,
@@ -225,7 +225,7 @@ def test_the_journal_is_opened_anew_per_transaction_unless_the_disk_is_local(
 
 
 def test_a_folder_is_known_local_by_the_mount_that_holds_it(tmp_path, monkeypatch):
-    from trl_rapidfire import filesystems
+    from trl_rapidfire.storage import filesystems
 
     info = tmp_path / "mountinfo"
     info.write_text(

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from trl_rapidfire.cache import StateCache
-from trl_rapidfire.residency import Residency
-from trl_rapidfire.switch import Aborted, RngState, RunCoroutine
+from trl_rapidfire.runtime.cache import StateCache
+from trl_rapidfire.runtime.residency import Residency
+from trl_rapidfire.runtime.switch import Aborted, RngState, RunCoroutine
 
 
 def test_coroutines_take_turns_in_the_order_the_scheduler_gives():

@@ -9,9 +9,9 @@ import io
 
 from terminal import COLS, ROWS, screen
 
-from trl_rapidfire.progress import TABLE_WIDTH, ExperimentProgress, LogCadence, runs_table
-from trl_rapidfire.results import RunResult
-from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.reports.progress import TABLE_WIDTH, ExperimentProgress, LogCadence, runs_table
+from trl_rapidfire.reports.results import RunResult
+from trl_rapidfire.shared_state.runs import RunStatus
 
 
 def test_the_screen_emulator():

@@ -17,14 +17,14 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, RunTag
 from mlflow_server import mlflow_server
 
-from trl_rapidfire.mlflow_store import TrackingStoreError
-from trl_rapidfire.tracked_runs import (
+from trl_rapidfire.client.tracked_runs import (
     ClientCatalog,
     RestCatalog,
     SqliteCatalog,
     open_catalog,
     sqlite_ready,
 )
+from trl_rapidfire.tracking.mlflow_store import TrackingStoreError
 
 
 def _fill(uri: str) -> None:

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.shared_state.runs import RunStatus
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,
@@ -231,7 +231,7 @@ def test_points_missing_before_later_steps_are_logged_once_on_a_rerun(tmp_path):
     # missing points and skip the others.
     from mlflow import MlflowClient
 
-    from trl_rapidfire.tracking import Tracker
+    from trl_rapidfire.tracking.tracker import Tracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     first = Tracker(tmp_path / "exp", uri=uri, write_interval=0.05)

@@ -9,7 +9,7 @@ import trl
 import yaml
 
 from trl_rapidfire import RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.shared_state.runs import RunStatus
 from trl_rapidfire.testing import make_sft_dataset, tiny_model_path
 
 

@@ -18,16 +18,17 @@ from mlflow import MlflowClient
 from state_files import add_run, read_state
 
 from trl_rapidfire import List, RFConfigError, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.cli import main as cli_main
-from trl_rapidfire.control import OpError, resolve_overrides
-from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.client.cli import main as cli_main
+from trl_rapidfire.control.ops import OpError, resolve_overrides
+from trl_rapidfire.control.trust import check_tag_override
+from trl_rapidfire.shared_state.runs import RunStatus
+from trl_rapidfire.storage.names import UntrustedValue, check_run_name, inside
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,
     tiny_lora_config,
     tiny_model_path,
 )
-from trl_rapidfire.trust import UntrustedValue, check_run_name, check_tag_override, inside
 
 BASE = {k: v for k, v in cpu_training_kwargs().items() if k != "report_to"}
 BASE.update(per_device_train_batch_size=4, logging_steps=1)

@@ -20,9 +20,9 @@ from state_files import add_run, read_state
 from transformers import TrainerCallback
 
 from trl_rapidfire import List, RFConfigError, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.folder_control import Inbox
-from trl_rapidfire.layout import Layout
-from trl_rapidfire.runs import RunStatus
+from trl_rapidfire.control.folder_control import Inbox
+from trl_rapidfire.shared_state.runs import RunStatus
+from trl_rapidfire.storage.layout import Layout
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
     make_sft_dataset,
@@ -268,7 +268,7 @@ def test_previous_as_a_link_moves_nothing_out(tmp_path):
 
 
 def test_the_report_reads_no_run_named_outside_the_folder(tmp_path):
-    from trl_rapidfire.experiment_data import load_experiment
+    from trl_rapidfire.reports.experiment_data import load_experiment
 
     out = tmp_path / "a" / "b" / "exp"
     _trainer(out).train()
@@ -329,7 +329,7 @@ def test_a_live_process_elsewhere_on_this_machine_is_named(tmp_path):
     import subprocess
     import sys
 
-    from trl_rapidfire.folder_control import training_now
+    from trl_rapidfire.control.folder_control import training_now
 
     out = tmp_path / "exp"
     layout = Layout(out)
@@ -366,7 +366,7 @@ def test_leftovers_of_a_killed_final_save_go_once_the_final_is_written(tmp_path)
 def test_deep_params_of_a_proposed_run_fail_that_run_alone(tmp_path):
     pytest.importorskip("optuna")
     from trl_rapidfire import Range
-    from trl_rapidfire.optuna_search import OptunaSearch
+    from trl_rapidfire.integrations.optuna.search import OptunaSearch
 
     out = tmp_path / "exp"
 

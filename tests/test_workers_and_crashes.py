@@ -22,8 +22,8 @@ import torch
 from launched import launch_env, loss_history
 from safetensors.torch import load_file
 
-from trl_rapidfire.schedule import read_schedule_csv
-from trl_rapidfire.state_file import FileStore
+from trl_rapidfire.shared_state.state_file import FileStore
+from trl_rapidfire.storage.schedule import read_schedule_csv
 from trl_rapidfire.testing import tiny_model_path
 
 pytestmark = pytest.mark.slow

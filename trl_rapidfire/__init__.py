@@ -10,14 +10,17 @@ __version__ = "0.1.0"
 # Everything loads on first use: the configs import TRL's stack (seconds), which the CLI's
 # control commands (`trl-rapidfire stop run-1`) never need.
 _LAZY = {
-    "RFSFTConfig": "configs", "RFDPOConfig": "configs", "RFGRPOConfig": "configs",
-    "RFConfigError": "configs", "KnobError": "knobs", "List": "knobs", "Range": "knobs",
-    "Budget": "policies", "PopulationBased": "policies", "SuccessiveHalving": "policies",
-    "GridSearch": "search", "RandomSearch": "search", "RunSpec": "search",
-    "SearchError": "search", "ExperimentFault": "faults",
-    "OptunaSearch": "optuna_search", "OptunaPruner": "optuna_pruner",
+    "RFSFTConfig": "config.configs", "RFDPOConfig": "config.configs",
+    "RFGRPOConfig": "config.configs", "RFConfigError": "config.configs",
+    "KnobError": "config.knobs", "List": "config.knobs", "Range": "config.knobs",
+    "Budget": "control.policies", "PopulationBased": "control.policies",
+    "SuccessiveHalving": "control.policies",
+    "GridSearch": "search.searches", "RandomSearch": "search.searches",
+    "RunSpec": "search.searches", "SearchError": "search.searches",
+    "ExperimentFault": "storage.faults",
+    "OptunaSearch": "integrations.optuna.search", "OptunaPruner": "integrations.optuna.pruner",
     "RFSFTTrainer": "trainers", "RFDPOTrainer": "trainers", "RFGRPOTrainer": "trainers",
-    "RunResult": "results", "ChunkRecord": "schedule",
+    "RunResult": "reports.results", "ChunkRecord": "storage.schedule",
 }  # fmt: skip
 
 

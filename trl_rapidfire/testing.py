@@ -449,6 +449,6 @@ def fsdp_on_cpu() -> None:
     Tests use it on both sides of an equivalence, the reference trained by plain TRL and the
     run trained by trl-rapidfire, so both shard.
     """
-    from .accelerate_state import install_fsdp_on_cpu
+    from .runtime.accelerate_state import install_fsdp_on_cpu
 
     install_fsdp_on_cpu()

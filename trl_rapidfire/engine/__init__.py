@@ -2,20 +2,22 @@
 it were trained alone.
 
 Each run is a live Trainer whose ``train()`` runs in a coroutine of its own (see
-:mod:`trl_rapidfire.switch`). The engine's loop repeats:
+:mod:`trl_rapidfire.runtime.switch`). The engine's loop repeats:
 
-1. ask the scheduler (:func:`~trl_rapidfire.scheduler.pick_next`) which run goes next;
+1. ask the scheduler (:func:`~trl_rapidfire.shared_state.scheduler.pick_next`) which run goes next;
 2. *switch in*: park the previous run's tensors in the state cache and unpark this run's
-   (:mod:`trl_rapidfire.residency`), activate its adapter, give it back its RNG streams and
+   (:mod:`trl_rapidfire.runtime.residency`), activate its adapter, give it back its RNG streams and
    accelerate state;
 3. resume its coroutine; its :class:`ChunkCallback` suspends it at the next chunk boundary
    (or the run ends, or fails);
 4. *switch out*: save its RNG streams and accelerate state, record the chunk in the schedule.
 
-Which run goes next is claimed from the experiment's shared state (:mod:`trl_rapidfire.store`),
+Which run goes next is claimed from the experiment's shared state
+(:mod:`trl_rapidfire.shared_state.store`),
 so the same loop is one worker among several under ``accelerate launch``: each (run, chunk)
 is claimed by exactly one worker. At every chunk boundary the run writes an ordinary HF
-checkpoint (:mod:`trl_rapidfire.durable`) before the chunk counts as done. A run whose last
+checkpoint (:mod:`trl_rapidfire.storage.checkpoints`) before the chunk counts as done. A run whose
+last
 chunk this worker trained continues in its suspended ``train()`` (the fast path); any other
 run, one trained by another worker or before a crash, is rebuilt and continues with the
 Trainer's own ``train(resume_from_checkpoint=...)``.

@@ -8,9 +8,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..chunks import ChunkPlan, plan_chunks, training_steps
-from ..models import ModelGroup
-from ..residency import Residency
+from ..runtime.models import ModelGroup
+from ..runtime.residency import Residency
+from .chunks import ChunkPlan, plan_chunks, training_steps
 from .records import RunSlot
 from .run_trainer import NewRun, RunTrainer
 

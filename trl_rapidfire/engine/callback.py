@@ -8,8 +8,8 @@ from typing import Any, Protocol
 
 from transformers import TrainerCallback
 
-from ..chunks import ChunkPlan
-from ..switch import RngState
+from ..runtime.switch import RngState
+from .chunks import ChunkPlan
 from .divergence import check_finite
 from .records import RunSlot
 

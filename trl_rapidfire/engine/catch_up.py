@@ -8,9 +8,9 @@ run's next turn here continues from it; the tensors themselves are loaded by tha
 
 from __future__ import annotations
 
-from ..durable import checkpoint_at
-from ..own_files import read_json
-from ..runs import RunState, RunStatus
+from ..shared_state.runs import RunState, RunStatus
+from ..storage.checkpoints import checkpoint_at
+from ..storage.own_files import read_json
 from .records import RunSlot, WeightsAt
 from .support import load_trainer_state
 

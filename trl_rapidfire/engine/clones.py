@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from ..cache import StateCache, load_tree
-from ..control import Op, OpError, parse_op
-from ..durable import checkpoint_at, link_folder, run_state_from_checkpoint
-from ..layout import Layout, run_index
+from ..control.ops import Op, OpError, parse_op
+from ..runtime.cache import StateCache, load_tree
+from ..storage.checkpoints import checkpoint_at, link_folder, run_state_from_checkpoint
+from ..storage.layout import Layout, run_index
 from .records import RunSlot
 from .run_trainer import NewRun, RunFactory
 

@@ -1,4 +1,5 @@
-"""This worker's side of the experiment's shared state (:mod:`trl_rapidfire.store`): putting
+"""This worker's side of the experiment's shared state (:mod:`trl_rapidfire.shared_state.store`):
+putting
 its runs in, claiming the next chunk, waiting for a gang, recording finished chunks, and
 keeping its view of every run the shared state's.
 
@@ -17,12 +18,11 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..faults import checkpoint_fault
-from ..run_queue import RunQueue
-from ..runs import RunState, RunStatus
-from ..schedule import ChunkRecord, ScheduleAppender, read_schedule_csv, write_schedule_csv
-from ..state_file import FileStore
-from ..store import (
+from ..runtime.workers import WorkerInfo
+from ..shared_state.run_queue import RunQueue
+from ..shared_state.runs import RunState, RunStatus
+from ..shared_state.state_file import FileStore
+from ..shared_state.store import (
     claim_next,
     expire,
     fail_claimed,
@@ -35,7 +35,8 @@ from ..store import (
     renew,
     roll_back,
 )
-from ..workers import WorkerInfo
+from ..storage.faults import checkpoint_fault
+from ..storage.schedule import ChunkRecord, ScheduleAppender, read_schedule_csv, write_schedule_csv
 from .catch_up import catch_up_from_disk
 from .claims import Claim, Done, GangWait, Retry, Turn, Wait
 from .records import PendingChunk, RunSlot
@@ -174,7 +175,7 @@ class Coordinator:
     def _choose(self, st: Any, worker: str, finishing: Collection[str] = frozenset()
                 ) -> str | None:
         """Inside a transaction: the run the scheduler gives ``worker`` next (see
-        :func:`~trl_rapidfire.store.choose`), from the queue brought up to date."""
+        :func:`~trl_rapidfire.shared_state.store.choose`), from the queue brought up to date."""
         self._take_changes(st)
         return self._queue.pick(st, worker, finishing)
 

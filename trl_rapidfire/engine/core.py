@@ -17,23 +17,23 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..cache import StateCache
-from ..cadence import DEFAULT_CADENCE, CheckpointCadence
-from ..faults import ExperimentFault, disk_fault, fault_message
-from ..folder_control import mark_alive, mark_ended
-from ..layout import Layout
-from ..models import ModelGroup, ModelPool
-from ..policies import Policy
-from ..progress import ExperimentProgress
-from ..results import RunResult
-from ..runs import RunStatus
-from ..schedule import ChunkRecord
-from ..state_file import FileStore
-from ..store import is_proposal
-from ..switch import RunCoroutine
-from ..tracking import Tracker
-from ..trust import check_run_name, inside
-from ..workers import WorkerInfo, current_worker
+from ..config.cadence import DEFAULT_CADENCE, CheckpointCadence
+from ..control.folder_control import mark_alive, mark_ended
+from ..control.policies import Policy
+from ..reports.progress import ExperimentProgress
+from ..reports.results import RunResult
+from ..runtime.cache import StateCache
+from ..runtime.models import ModelGroup, ModelPool
+from ..runtime.switch import RunCoroutine
+from ..runtime.workers import WorkerInfo, current_worker
+from ..shared_state.runs import RunStatus
+from ..shared_state.state_file import FileStore
+from ..shared_state.store import is_proposal
+from ..storage.faults import ExperimentFault, disk_fault, fault_message
+from ..storage.layout import Layout
+from ..storage.names import check_run_name, inside
+from ..storage.schedule import ChunkRecord
+from ..tracking.tracker import Tracker
 from .building import new_slot, plan_for, register_failed
 from .clones import Clones
 from .coordination import Claim, Coordinator, Done, GangWait, Retry, Turn, Wait
@@ -58,7 +58,8 @@ class Engine:
         progress: show the progress bar and the runs table at chunk boundaries.
         store: the experiment's shared scheduler state (default: a file store in
             ``<output_dir>/.rapidfire`` for this process alone).
-        worker: who this worker is (default: this process, see :mod:`trl_rapidfire.workers`).
+        worker: who this worker is (default: this process, see
+        :mod:`trl_rapidfire.runtime.workers`).
         pool: the shared base models (moved on and off a CUDA device as runs take turns).
         durable: write each run's checkpoint at every chunk boundary (what crash recovery
             and moving runs between workers rest on).
@@ -66,7 +67,7 @@ class Engine:
             trains; on this machine a dead worker is noticed at once, whatever the lease).
         runs: builds trainers for rebuilt runs and clones (the trainer layer's); ``None``:
             this engine neither rebuilds nor clones.
-        policy: automatic control at chunk ends (see :mod:`trl_rapidfire.policies`).
+        policy: automatic control at chunk ends (see :mod:`trl_rapidfire.control.policies`).
         tracker: where runs, metrics and op answers go (MLflow), and ops come from.
         proposer: an adaptive search that proposes runs while the experiment trains (see
             :mod:`.proposals`); ``None``: every run is registered before ``run()``.

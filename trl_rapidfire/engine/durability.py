@@ -1,6 +1,6 @@
 """Writing the volatile boundaries of runs that are stopped or leave this worker.
 
-With ``checkpoint_every`` (:mod:`trl_rapidfire.cadence`) most boundaries are not written in
+With ``checkpoint_every`` (:mod:`trl_rapidfire.config.cadence`) most boundaries are not written in
 the run's turn. When a run with such a boundary is stopped, or the worker stops training
 (the end of ``train()``, Ctrl-C, its launcher gone), its checkpoint is taken at the boundary
 its ``train()`` is suspended at, and the shared state records its chunks as durable."""

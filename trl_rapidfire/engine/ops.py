@@ -9,16 +9,16 @@ import threading
 import warnings
 from collections.abc import Callable
 
-from ..cache import save_tree
-from ..control import Op, OpError, OpRecord, append_op_row, parse_op
-from ..faults import ExperimentFault, disk_fault
-from ..folder_control import Inbox
-from ..layout import Layout, run_index, run_name
-from ..policies import Context, Policy
-from ..runs import RunState, RunStatus, status_op_refusal
-from ..state_file import FileStore
-from ..store import disband_forming_gang
-from ..workers import WorkerInfo
+from ..control.folder_control import Inbox
+from ..control.ops import Op, OpError, OpRecord, append_op_row, parse_op
+from ..control.policies import Context, Policy
+from ..runtime.cache import save_tree
+from ..runtime.workers import WorkerInfo
+from ..shared_state.runs import RunState, RunStatus, status_op_refusal
+from ..shared_state.state_file import FileStore
+from ..shared_state.store import disband_forming_gang
+from ..storage.faults import ExperimentFault, disk_fault
+from ..storage.layout import Layout, run_index, run_name
 from .building import register_failed
 from .clones import Clones, next_run_index
 from .coordination import Coordinator

@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..layout import Layout, run_index, run_name
-from ..policies import RunHistory
-from ..search import Proposal
-from ..state_file import FileStore
-from ..store import is_proposal
+from ..control.policies import RunHistory
+from ..search.searches import Proposal
+from ..shared_state.state_file import FileStore
+from ..shared_state.store import is_proposal
+from ..storage.layout import Layout, run_index, run_name
 from .building import register_failed
 from .clones import next_run_index
 from .coordination import Coordinator

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..chunks import ChunkPlan
-from ..models import ModelGroup
-from ..policies import RunHistory
-from ..residency import Residency
-from ..results import RunResult, latest_metrics
-from ..runs import RunState
-from ..schedule import ChunkRecord
-from ..switch import RngState, RunCoroutine
+from ..control.policies import RunHistory
+from ..reports.results import RunResult, latest_metrics
+from ..runtime.models import ModelGroup
+from ..runtime.residency import Residency
+from ..runtime.switch import RngState, RunCoroutine
+from ..shared_state.runs import RunState
+from ..storage.schedule import ChunkRecord
+from .chunks import ChunkPlan
 
 __all__ = ["EngineStats", "PendingChunk", "RunFailure", "RunSlot", "WeightsAt", "history_of"]
 
@@ -219,7 +219,7 @@ class PendingChunk:
     ``committed`` resolves once the background writer has written the chunk's checkpoint and
     recorded the chunk (or what stopped it) in the shared state, in a transaction of its own,
     fsync'd: that cost stays off the switch path. ``None``: no checkpoint is written (the
-    boundary is volatile, see :mod:`trl_rapidfire.cadence`, or durability is off); the next
+    boundary is volatile, see :mod:`trl_rapidfire.config.cadence`, or durability is off); the next
     claim records it."""
 
     slot: RunSlot

@@ -1,4 +1,5 @@
-"""The engine's side of the tracker (:mod:`trl_rapidfire.tracking`): what it is told at every
+"""The engine's side of the tracker (:mod:`trl_rapidfire.tracking.tracker`): what it is told at
+every
 chunk end and when a ``run()`` call ends, and the ops it hears back. Without a tracker
 (``report_to`` not MLflow) it tells nothing and hears nothing."""
 
@@ -7,9 +8,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 
-from ..runs import RunStatus
-from ..tracking import Tracker
-from ..tracking_tags import PROGRESS_TAG, STATUS_TAG
+from ..shared_state.runs import RunStatus
+from ..tracking.tags import PROGRESS_TAG, STATUS_TAG
+from ..tracking.tracker import Tracker
 from .records import RunSlot
 from .support import points_of
 

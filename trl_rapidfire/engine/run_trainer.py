@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ..models import ModelGroup
+from ..runtime.models import ModelGroup
 
 if TYPE_CHECKING:
-    from ..control import Op
-    from ..switch import RngState
+    from ..control.ops import Op
+    from ..runtime.switch import RngState
     from .records import RunSlot
 
 __all__ = ["NewRun", "RunFactory", "RunTrainer"]
@@ -109,7 +109,8 @@ class RunFactory(Protocol):
     def clone(self, parent: RunSlot, op: Op, *, name: str, trusted: bool) -> NewRun:
         """Build the run ``name`` that ``op`` (a clone or clone-warm of ``parent``) asks for.
         ``trusted``: the op is the script's own; else it may change hyperparameters only (see
-        :mod:`trl_rapidfire.trust`). Raises :class:`~trl_rapidfire.control.OpError` when the
+        :mod:`trl_rapidfire.storage.names`). Raises :class:`~trl_rapidfire.control.ops.OpError`
+        when the
         clone cannot be built (nothing is left behind)."""
 
     def new(self, name: str, knobs: dict[str, Any]) -> NewRun:

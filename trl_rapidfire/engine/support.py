@@ -13,14 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..control import OpError, parse_op
-from ..faults import ExperimentFault, disk_fault, fault_message
-from ..knobs import describe_value
-from ..outside_text import STATE_BYTES, OutsideTextError
-from ..own_files import read_json
-from ..state_file import FileStore
-from ..store import renew
-from ..workers import launcher_gone
+from ..config.knobs import describe_value
+from ..control.ops import OpError, parse_op
+from ..runtime.workers import launcher_gone
+from ..shared_state.state_file import FileStore
+from ..shared_state.store import renew
+from ..storage.faults import ExperimentFault, disk_fault, fault_message
+from ..storage.outside_text import STATE_BYTES, OutsideTextError
+from ..storage.own_files import read_json
 
 __all__ = [
     "FaultNote",

@@ -19,14 +19,19 @@ from pathlib import Path
 
 import torch
 
-from ..accelerate_state import restore_accelerate_state, snapshot_accelerate_state
-from ..cache import StateCache
-from ..cadence import DEFAULT_CADENCE, CheckpointCadence
-from ..durable import checkpoint_at, prune_checkpoints, write_atomically, write_atomically_together
-from ..faults import ExperimentFault, disk_fault, fault_message
-from ..models import ModelPool
-from ..switch import Aborted, RngState
-from ..trust import inside
+from ..config.cadence import DEFAULT_CADENCE, CheckpointCadence
+from ..runtime.accelerate_state import restore_accelerate_state, snapshot_accelerate_state
+from ..runtime.cache import StateCache
+from ..runtime.models import ModelPool
+from ..runtime.switch import Aborted, RngState
+from ..storage.checkpoints import (
+    checkpoint_at,
+    prune_checkpoints,
+    write_atomically,
+    write_atomically_together,
+)
+from ..storage.faults import ExperimentFault, disk_fault, fault_message
+from ..storage.names import inside
 from .building import plan_for
 from .callback import ChunkCallback
 from .divergence import check_finite

@@ -21,21 +21,21 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_utils import TrainOutput
 
-from ..accelerate_state import left_as_found, restore_accelerate_state
-from ..cache import StateCache
-from ..cadence import DEFAULT_CADENCE, parse_cadence
-from ..configs import RFConfigError, RFConfigMixin
-from ..control import OpRecord
+from ..config.cadence import DEFAULT_CADENCE, parse_cadence
+from ..config.configs import RFConfigError, RFConfigMixin
+from ..control.ops import OpRecord
+from ..control.policies import as_policy
 from ..engine import Engine, RunFailure
-from ..fingerprint import experiment_fingerprint
-from ..layout import Layout
-from ..models import ModelPool
-from ..policies import as_policy
-from ..results import RunResult, pick_best
-from ..schedule import ChunkRecord
-from ..search import AdaptiveSearch, GridSearch, Search
-from ..trust import UntrustedValue
-from ..workers import current_worker, lease_seconds
+from ..reports.results import RunResult, pick_best
+from ..runtime.accelerate_state import left_as_found, restore_accelerate_state
+from ..runtime.cache import StateCache
+from ..runtime.models import ModelPool
+from ..runtime.workers import current_worker, lease_seconds
+from ..search.fingerprint import experiment_fingerprint
+from ..search.searches import AdaptiveSearch, GridSearch, Search
+from ..storage.layout import Layout
+from ..storage.names import UntrustedValue
+from ..storage.schedule import ChunkRecord
 from .run_builder import RunBuilder
 from .run_trainer import copy_callbacks
 from .setup_checks import check_clone_overrides, check_model_candidates, check_specs, open_store
@@ -119,8 +119,8 @@ class RFTrainerMixin:
             check_specs(specs, shared_args, builder, metric=search.metric, policy=policy)
         tracker = None
         if _tracks_to_mlflow(args):
-            from ..tracking import Tracker
-            from ..tracking_tags import check_uri_across_machines, resolve_tracking_uri
+            from ..tracking.tags import check_uri_across_machines, resolve_tracking_uri
+            from ..tracking.tracker import Tracker
 
             check_uri_across_machines(resolve_tracking_uri(), current_worker().machines)
             tracker = Tracker(layout.output_dir)
@@ -176,7 +176,8 @@ class RFTrainerMixin:
     def clone(self, run: str, overrides: dict[str, Any] | None = None, *,
               warm: bool = False) -> None:
         """Add a run with ``run``'s knobs plus ``overrides``; ``warm`` starts it from
-        ``run``'s weights. Same syntax as the ``clone`` op (see :mod:`trl_rapidfire.control`)."""
+        ``run``'s weights. Same syntax as the ``clone`` op (see
+        :mod:`trl_rapidfire.control.ops`)."""
         verb = "clone-warm" if warm else "clone"
         self._rf_engine.queue_op(run, f"{verb} {json.dumps(overrides or {})}")
 

@@ -13,10 +13,10 @@ from typing import Any
 
 from trl import DPOTrainer
 
-from ..configs import RFConfigError, RFDPOConfig
-from ..dataset_checks import check_dpo_dataset
-from ..preflight import PreflightError
-from ..search import Search
+from ..config.configs import RFConfigError, RFDPOConfig
+from ..config.dataset_checks import check_dpo_dataset
+from ..config.preflight import PreflightError
+from ..search.searches import Search
 from .base import RFTrainerMixin, default_output_dir, rf_config_from, trainer_arguments
 from .run_trainer import RunTrainerMixin
 

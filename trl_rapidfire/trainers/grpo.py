@@ -21,10 +21,10 @@ from typing import Any
 
 from trl import GRPOTrainer
 
-from ..configs import RFConfigError, RFGRPOConfig
-from ..dataset_checks import check_dataset_rows, check_grpo_dataset
-from ..preflight import PreflightError
-from ..search import Search
+from ..config.configs import RFConfigError, RFGRPOConfig
+from ..config.dataset_checks import check_dataset_rows, check_grpo_dataset
+from ..config.preflight import PreflightError
+from ..search.searches import Search
 from .base import RFTrainerMixin, default_output_dir, rf_config_from, trainer_arguments
 from .run_trainer import RunTrainerMixin
 

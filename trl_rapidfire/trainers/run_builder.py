@@ -13,15 +13,15 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..accelerate_state import World, building_in
-from ..configs import RFConfigError, RFConfigMixin, is_gang_config
-from ..control import Op, OpError, resolve_overrides
+from ..config.configs import RFConfigError, RFConfigMixin, is_gang_config
+from ..config.knobs import describe_value, is_knob
+from ..control.ops import Op, OpError, resolve_overrides
 from ..engine import NewRun, RunSlot
-from ..knobs import describe_value, is_knob
-from ..layout import Layout, run_index
-from ..models import ModelPool, adapter_name
-from ..search import RunSpec, Search, SearchError
-from ..workers import current_worker
+from ..runtime.accelerate_state import World, building_in
+from ..runtime.models import ModelPool, adapter_name
+from ..runtime.workers import current_worker
+from ..search.searches import RunSpec, Search, SearchError
+from ..storage.layout import Layout, run_index
 from .run_trainer import copy_callbacks
 
 __all__ = ["CHUNK", "RunBuilder"]
@@ -213,7 +213,7 @@ class RunBuilder:
 
         ``trusted``: the op is the script's own (a Python call, a policy); an op from a tag,
         the CLI or the state file may change training hyperparameters only, plus what the
-        config's ``clone_overrides`` allows (see :mod:`trl_rapidfire.trust`)."""
+        config's ``clone_overrides`` allows (see :mod:`trl_rapidfire.storage.names`)."""
         spec = self.specs.get(parent.name)
         if spec is None:
             raise OpError(f"{parent.name} never had a trainer; it cannot be cloned")
@@ -251,7 +251,7 @@ class RunBuilder:
     def new(self, name: str, knobs: dict[str, Any]) -> NewRun:
         """Build the run an adaptive search proposed: ``knobs`` chosen, everything else as
         the experiment's config and trainer arguments have it (what ``expand`` would have
-        built). Raises :class:`~trl_rapidfire.search.SearchError` for invalid values."""
+        built). Raises :class:`~trl_rapidfire.search.searches.SearchError` for invalid values."""
         self.single = False
         spec = Search.build_run(name, run_index(name), knobs, self.args, self.knob_args)
         try:

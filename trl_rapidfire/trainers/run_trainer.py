@@ -19,7 +19,7 @@ import torch
 from transformers import PrinterCallback, ProgressCallback
 from transformers.integrations import MLflowCallback
 
-from ..durable import commit_folder, start_folder
+from ..storage.checkpoints import commit_folder, start_folder
 
 __all__ = ["RunTrainerMixin", "copy_callbacks"]
 
@@ -157,7 +157,7 @@ class RunTrainerMixin:
         if rng is None:
             self._save_rng_state(str(folder))
             return
-        from ..switch import RngState
+        from ..runtime.switch import RngState
 
         now = RngState.capture()
         rng.restore()
@@ -172,7 +172,7 @@ class RunTrainerMixin:
         optimizer state; each member's random streams in ``rng_state_<rank>.pth``)."""
         from transformers.trainer import TRAINER_STATE_NAME
 
-        from ..durable import write_atomically_together
+        from ..storage.checkpoints import write_atomically_together
 
         def write(tmp: Path) -> None:
             self.store_flos()

@@ -9,15 +9,15 @@ import warnings
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from ..configs import RFConfigError
-from ..folder_control import training_now
-from ..knobs import List
-from ..layout import Layout
-from ..search import RunSpec
-from ..state_file import FileStore
-from ..store import StoreError
-from ..trust import UntrustedValue
-from ..workers import current_worker
+from ..config.configs import RFConfigError
+from ..config.knobs import List
+from ..control.folder_control import training_now
+from ..runtime.workers import current_worker
+from ..search.searches import RunSpec
+from ..shared_state.state_file import FileStore
+from ..shared_state.store import StoreError
+from ..storage.layout import Layout
+from ..storage.names import UntrustedValue
 from .run_builder import CHUNK, RunBuilder
 from .run_trainer import copy_callbacks
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from trl import SFTTrainer
 
-from ..configs import RFConfigError, RFSFTConfig
-from ..dataset_checks import check_dataset_rows, check_sft_dataset
-from ..preflight import PreflightError
-from ..search import Search
+from ..config.configs import RFConfigError, RFSFTConfig
+from ..config.dataset_checks import check_dataset_rows, check_sft_dataset
+from ..config.preflight import PreflightError
+from ..search.searches import Search
 from .base import RFTrainerMixin, default_output_dir, rf_config_from, trainer_arguments
 from .run_trainer import RunTrainerMixin
 
@@ -78,7 +78,7 @@ class RFSFTTrainer(RFTrainerMixin, SFTTrainer):
         search: how knobs expand into runs: ``GridSearch()`` (default) or
             ``RandomSearch(num_runs=..., seed=...)``.
         policy: automatic control at chunk boundaries (``SuccessiveHalving(...)``,
-            ``Budget(...)``, or a list of them); see :mod:`trl_rapidfire.policies`.
+            ``Budget(...)``, or a list of them); see :mod:`trl_rapidfire.control.policies`.
 
     After :meth:`train`: ``trainer.runs`` lists every run with its metrics, ``trainer.best_run``
     names the best, ``trainer.model`` is the best run's model, ``trainer.save_model()`` saves

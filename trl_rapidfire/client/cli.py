@@ -1,0 +1,403 @@
+"""The ``trl-rapidfire`` command line.
+
+Commands:
+  version                 print the versions of trl-rapidfire and the stack under it
+  expand CONFIG.yaml      print the runs a YAML config group expands into (nothing is trained)
+  dashboard               start the MLflow UI on 127.0.0.1 for the store in use
+  status                  a table of the runs of an experiment
+  stop|resume|delete RUN  control ops (applied by the experiment at its next chunk boundary)
+  clone RUN --set K=V     a new run from RUN's knobs plus overrides (--warm: from its weights)
+  report OUTPUT_DIR       PNG plots and a markdown summary of an experiment (--out DIR)
+
+The op commands only set the run tag ``rapidfire.op``, exactly as the MLflow UI's tag editor
+does; the training process applies it, removes it and writes ``rapidfire.op.result`` and
+``rapidfire.op.seq``. Every error is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+
+from .. import __version__
+
+# A CLI call meets a tracking server that is down or hung with one clear line within seconds,
+# not MLflow's default of retrying with backoff for minutes; and MLflow's INFO lines (schema
+# creation) would make a one-line error three. Set unless the user set them.
+_CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+               "MLFLOW_LOGGING_LEVEL": "WARNING"}
+_PROBE_TIMEOUT = 3.0
+# Commands that need the tracking store to answer (a report falls back to the files).
+_STORE_COMMANDS = frozenset({"status", "stop", "resume", "delete", "clone"})
+_CLIENT_COMMANDS = _STORE_COMMANDS | {"report"}
+
+
+def _cmd_version(_: argparse.Namespace) -> int:
+    import importlib.metadata as md
+
+    print(f"trl-rapidfire {__version__}")
+    for dist in ("trl", "transformers", "peft", "torch", "accelerate", "datasets", "mlflow"):
+        try:
+            print(f"  {dist} {md.version(dist)}")
+        except md.PackageNotFoundError:
+            print(f"  {dist} (not installed)")
+    return 0
+
+
+def _cmd_expand(args: argparse.Namespace) -> int:
+    from trl import TrlParser
+
+    from ..config.configs import RFDPOConfig, RFGRPOConfig, RFSFTConfig
+    from ..reports.display import table
+    from ..search.searches import GridSearch, RandomSearch
+
+    config_class = {"sft": RFSFTConfig, "dpo": RFDPOConfig, "grpo": RFGRPOConfig}[args.trainer]
+    parser = TrlParser(dataclass_types=[config_class])
+    (config,) = parser.parse_args_and_config(["--config", args.config, *args.overrides])
+    search = (
+        RandomSearch(args.num_runs, seed=args.seed) if args.search == "random" else GridSearch()
+    )
+    runs = search.expand(config)
+    print(f"{len(runs)} run(s) from {args.config} with {search!r}, "
+          f"{config.num_chunks} chunk(s) per epoch:")
+    print(table(["run", "knobs"], [(r.name, r.describe()) for r in runs]))
+    return 0
+
+
+def _where(args: argparse.Namespace) -> dict:
+    return {"output_dir": args.output_dir, "experiment": args.experiment, "uri": args.uri}
+
+
+def _check_store(uri: str, command: str) -> None:
+    """A tracking server must answer ``/health`` within seconds; a sqlite store left
+    half-created by a killed process is repaired as training would (or refused clearly)."""
+    from .tracked_runs import sqlite_path, sqlite_ready
+
+    db = sqlite_path(uri)
+    if db is not None:
+        # A store with the tables the CLI reads is read as it is (tracked_runs.py); one
+        # without them is MLflow's to create or repair, at its cost of seconds.
+        if db.is_file() and not sqlite_ready(db):
+            import warnings
+
+            from ..tracking.mlflow_store import ensure_schema
+
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ensure_schema(uri)
+            for w in caught:
+                if issubclass(w.category, RuntimeWarning):
+                    text = str(w.message).removeprefix("trl-rapidfire: ")
+                    print(f"trl-rapidfire {command}: warning: {text}", file=sys.stderr)
+        return
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=_PROBE_TIMEOUT):
+            pass
+    except urllib.error.HTTPError:
+        return  # it answers: MLflow's own calls say what is wrong (authentication, path)
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "reason", None) or err
+        raise ConnectionError(f"cannot reach the MLflow tracking server at {uri} ({reason}); "
+                              "start it, or choose another store with --uri or "
+                              "MLFLOW_TRACKING_URI") from None
+
+
+@contextlib.contextmanager
+def _client_limits() -> Iterator[None]:
+    from ..tracking.mlflow_store import quiet_setup
+
+    added = {k: v for k, v in _CLIENT_ENV.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        # MLFLOW_LOGGING_LEVEL (above) quiets an MLflow imported later; this one, one imported
+        # already.
+        with quiet_setup(import_mlflow=False):
+            yield
+    finally:  # main() may run inside another program (tests): leave its state as it was
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    """What a bad call, a bad file or an unusable store raises: one line, exit 2. Anything
+    else is a bug and keeps its traceback."""
+    import sqlite3
+
+    import yaml
+
+    from ..shared_state.store import StoreError
+    from ..tracking.tracker import TrackingStoreError
+
+    # sqlite3.Error: a local store locked past the timeout, or not a database (tracked_runs).
+    kinds: list[type[BaseException]] = [ValueError, LookupError, OSError, yaml.YAMLError,
+                                        StoreError, TrackingStoreError, sqlite3.Error]
+    if "mlflow" in sys.modules:  # only imported once a command used it
+        from mlflow.exceptions import MlflowException
+
+        kinds.append(MlflowException)
+    if "sqlalchemy" in sys.modules:
+        import sqlalchemy.exc
+
+        kinds.append(sqlalchemy.exc.SQLAlchemyError)
+    return tuple(kinds)
+
+
+def _one_line(err: BaseException) -> str:
+    import yaml
+
+    if isinstance(err, yaml.MarkedYAMLError):
+        mark = err.problem_mark or err.context_mark
+        where = f" {mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        text = f"invalid YAML in{where}: {err.problem or err.context or err}"
+        if "python/" in text:
+            text += " (config files are plain YAML: Python tags are never loaded)"
+        return text
+    text = str(err).strip().strip('"') or type(err).__name__
+    if type(err).__module__.split(".")[0] in ("mlflow", "sqlalchemy"):
+        # Their messages go on with SQL statements and links: the first line says it.
+        return text.splitlines()[0].strip()
+    return " ".join(text.split())
+
+
+def _untracked(args: argparse.Namespace) -> bool:
+    """Whether the command names (--output-dir) an experiment MLflow does not track: it is
+    reached through its folder (folder_control.py)."""
+    if args.output_dir is None:
+        return False
+    from ..control.folder_control import is_untracked
+
+    return is_untracked(args.output_dir)
+
+
+def _status_of_folder(output_dir: str) -> int:
+    from ..control.folder_control import Inbox, alive, folder_runs
+    from ..reports.display import table
+    from ..reports.experiment_data import read_ops, read_search_log
+    from ..storage.layout import Layout
+
+    layout = Layout(output_dir)
+    last = {event.run: event.result for event in read_ops(layout.ops_log)}
+    trials = {e.run: e.trial for e in read_search_log(layout.search_log) if e.trial}
+    rows = [[r.name, r.status.value, r.global_step, r.chunks_done, last.get(r.name, "")]
+            for r in folder_runs(output_dir)]
+    headers = ["run", "status", "steps", "chunks", "last op"]
+    if trials:  # an adaptive search: which trial of its study each run is
+        headers.insert(1, "trial")
+        for row in rows:
+            row.insert(1, trials.get(row[0], "-"))
+    who = alive(layout)
+    state = "training" if who is not None else "not training"
+    where = f" (pid {who.pid} on {who.host})" if who is not None else ""
+    waiting = Inbox(layout).waiting() if who else 0
+    print(f"experiment in {output_dir} (not tracked in MLflow, {state}{where})")
+    print(table(headers, rows))
+    if waiting:
+        print(f"{waiting} op(s) waiting for the next chunk boundary")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    if _untracked(args):
+        return _status_of_folder(args.output_dir)
+    from ..reports.display import table
+    from ..reports.report import format_value
+    from .send import experiment_runs, find_experiment
+
+    exp = find_experiment(**_where(args))
+    rows = []
+    runs = experiment_runs(exp)
+    # An adaptive search's runs: which trial each is, and when the sampler proposed it.
+    proposed = any("rapidfire.trial" in run.tags for run in runs)
+    for run in runs:
+        tags, metrics = run.tags, run.metrics
+        rows.append([tags.get("rapidfire.run"), tags.get("rapidfire.status", "-"),
+                     tags.get("rapidfire.progress", "-"), format_value(metrics.get("loss")),
+                     format_value(metrics.get("eval_loss")), tags.get("rapidfire.op", ""),
+                     tags.get("rapidfire.op.result", "")])
+        if proposed:
+            when = tags.get("rapidfire.proposed_at", "")
+            rows[-1][2:2] = [tags.get("rapidfire.trial", "-"),
+                             when.replace("T", " ")[:19] if when else "-"]
+    print(f"experiment {exp.describe()} in {exp.uri}")
+    headers = ["run", "status", "progress", "loss", "eval_loss", "pending op", "last op"]
+    if proposed:
+        headers[2:2] = ["trial", "proposed"]
+    print(table(headers, rows))
+    return 0
+
+
+def _cmd_op(args: argparse.Namespace) -> int:
+    from ..storage.outside_text import NotJSON, loads
+    from .send import deliver_op, replaced_warning
+
+    if args.command == "clone":
+        overrides = {}
+        for item in args.set or []:
+            key, sep, raw = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"--set takes KEY=VALUE, got {item!r}")
+            try:
+                overrides[key] = loads(raw, what=f"the value of --set {key}", max_depth=8)
+            except NotJSON:
+                overrides[key] = raw  # a bare word is a string
+        op = f"{'clone-warm' if args.warm else 'clone'} {json.dumps(overrides)}"
+    else:
+        op = args.command
+    sent = deliver_op(args.run, op, next_run=args.next_run, **_where(args))
+    if sent.replaced is not None:
+        print(f"warning: {replaced_warning(args.run, sent.replaced, op)}", file=sys.stderr)
+    when = "at its next chunk boundary" if sent.training else "when its script trains again"
+    if sent.run_id is None:  # an untracked experiment: the op is a file in its folder
+        print(f"{args.run}: {op} left in {sent.target}; it applies {when} (see "
+              f"`trl-rapidfire status --dir {args.output_dir}`)")
+    else:
+        print(f"{args.run}: {op} sent to {sent.target}; it applies {when} (see "
+              "`trl-rapidfire status`)")
+    return 0
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    # The server, its signals and where it opens live in dashboard.py (no torch, mlflow lazily).
+    from ..tracking.tags import resolve_tracking_uri
+    from .dashboard import serve
+
+    # No store, a port taken, a server that died before answering: LookupError or OSError,
+    # which main() says in one line.
+    return serve(args.uri or resolve_tracking_uri(), args.port, create=args.create)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from ..reports.plots import write_report
+
+    files = write_report(args.output_dir, args.out, metric=args.metric, tracking_uri=args.uri,
+                         experiment=args.experiment)
+    print(f"metrics from {files.source_detail}")
+    for path in files.paths:
+        print(path)
+    return 0
+
+
+def _add_where(p: argparse.ArgumentParser, *, op: bool = False) -> None:
+    default = ("the experiment training in the store" if op else
+               "the experiment training in the store, else the latest")
+    p.add_argument("--output-dir", "--dir", dest="output_dir",
+                   help=f"the experiment's output_dir (default: {default})")
+    p.add_argument("--experiment", help="MLflow experiment name (the one of that name that is "
+                   "training, else its latest)")
+    p.add_argument("--uri", help="tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    if op:
+        p.add_argument("--next-run", action="store_true",
+                       help="send the op to an experiment that is not training: it waits "
+                       "for the script's next train()")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trl-rapidfire",
+        description="Hyperparallel TRL fine-tuning: compare many configs at once, chunk by chunk.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("version", help="print the versions of trl-rapidfire and its stack")
+    p.set_defaults(func=_cmd_version)
+    p = sub.add_parser(
+        "expand",
+        help="print the runs a YAML config group expands into (nothing is trained)",
+        description="Parse CONFIG (TrlParser YAML; knobs as {List: [...]} or "
+        "{Range: {low: .., high: .., log: true}}) and print its runs. Extra --flags override "
+        "the YAML, as with TRL scripts.",
+    )
+    p.add_argument("config", help="YAML file of RF config fields")
+    p.add_argument("--trainer", choices=["sft", "dpo", "grpo"], default="sft")
+    p.add_argument("--search", choices=["grid", "random"], default="grid")
+    p.add_argument("--num-runs", type=int, default=8, help="draws for --search random")
+    p.add_argument("--seed", type=int, default=0, help="seed for --search random")
+    p.set_defaults(func=_cmd_expand)
+
+    p = sub.add_parser(
+        "dashboard", help="start the MLflow UI on 127.0.0.1 for the store in use",
+        description="Serve the MLflow UI for the store on 127.0.0.1:PORT and print the URL of "
+        "the newest experiment's runs table (Model training mode, runs listed flat with their "
+        "status). Stops the server and all it started on Ctrl-C, SIGTERM or SIGHUP. A local "
+        "store that does not exist is refused unless --create.",
+    )
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--uri", help="tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    p.add_argument("--create", action="store_true",
+                   help="start an empty store when there is none (without it, a missing "
+                   "store is an error, so a dashboard started in the wrong folder says so)")
+    p.set_defaults(func=_cmd_dashboard)
+    p = sub.add_parser("status", help="a table of the runs of an experiment")
+    _add_where(p)
+    p.set_defaults(func=_cmd_status)
+    for verb, text in (("stop", "stop RUN (state kept, resumable)"),
+                       ("resume", "put a stopped RUN back into the rotation"),
+                       ("delete", "remove RUN for good")):
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("run")
+        _add_where(p, op=True)
+        p.set_defaults(func=_cmd_op)
+    p = sub.add_parser("clone", help="a new run from RUN's knobs plus --set overrides")
+    p.add_argument("run")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help='a knob override; VALUE is JSON (1e-4, "cosine", {"candidate": 1}) '
+                   "or a bare word; dotted keys set fields: peft_config.r=32")
+    p.add_argument("--warm", action="store_true", help="start from RUN's weights")
+    _add_where(p, op=True)
+    p.set_defaults(func=_cmd_op)
+    p = sub.add_parser(
+        "report",
+        help="PNG plots and a markdown summary of an experiment",
+        description="Write learning_curves.png (the runs' curves, with the control ops marked), "
+        "schedule.png (which run trained on which worker when) and summary.md (the runs "
+        "ranked by --metric) into --out. Metrics come from MLflow when the experiment was "
+        "tracked, else from the runs' trainer_state.json files.",
+    )
+    p.add_argument("output_dir", metavar="OUTPUT_DIR", help="the experiment's output_dir")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write the report to")
+    p.add_argument("--metric", default="eval_loss",
+                   help="metric to plot and rank by (default eval_loss; lower is better for "
+                   "names ending in loss, else higher)")
+    p.add_argument("--experiment", help="MLflow experiment name (default: "
+                   "MLFLOW_EXPERIMENT_NAME or the base name of OUTPUT_DIR)")
+    p.add_argument("--uri", help="tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    p.set_defaults(func=_cmd_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``trl-rapidfire`` console script."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if getattr(args, "command", None) is None:
+        parser.print_help()
+        return 0
+    if rest and args.command != "expand":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.overrides = rest
+    try:
+        # Not for `dashboard`: the server it starts keeps MLflow's own settings.
+        limits = _client_limits() if args.command in _CLIENT_COMMANDS else contextlib.nullcontext()
+        with limits:
+            if args.command in _STORE_COMMANDS:
+                from ..tracking.tags import resolve_tracking_uri
+
+                _check_store(args.uri or resolve_tracking_uri(), args.command)
+            return args.func(args)
+    except Exception as err:
+        if not isinstance(err, _expected_errors()):
+            raise
+        print(f"trl-rapidfire {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

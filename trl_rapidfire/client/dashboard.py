@@ -1,0 +1,366 @@
+"""``trl-rapidfire dashboard``: the stock MLflow UI (``mlflow server``) on 127.0.0.1 for the
+store in use, opened where the runs are, and stopped with everything it started.
+
+Where it opens. MLflow 3.17's UI picks its mode from the ``workflowType`` URL parameter (else
+the browser's saved choice, else ``genai``), not from the experiment tag
+``mlflow.experimentKind``: an experiment opened plainly lands on the GenAI overview ("Traces
+0"), even when tagged ``custom_model_development``. And its runs table nests child runs under
+their parent, collapsed, unless the table is filtered and sorted by something other than the
+start time (the UI then fetches no parents, and child runs are rows of their own). So the
+dashboard writes, into each MLflow experiment holding trl-rapidfire runs, a saved view (an
+experiment tag, as the UI's own "Views" menu writes them) that filters the child runs, sorts
+them by name and shows their status, progress, losses and the knobs that differ, and prints
+:func:`runs_url`, which opens that view in "Model training" mode.
+
+Stopping. The server runs in a session of its own (a Ctrl-C in the terminal reaches the
+dashboard only, which stops it); on SIGINT, SIGTERM or SIGHUP (a closed terminal) the
+dashboard stops its whole process group and any process of its tree that left the group,
+then exits. On Linux the server also gets SIGTERM from the kernel when the dashboard dies
+without a word (SIGKILL), which ``mlflow server`` forwards to its uvicorn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urlencode, urlparse
+
+__all__ = [
+    "VIEW_ID",
+    "VIEW_NAME",
+    "ensure_runs_view",
+    "landing_url",
+    "local_store_path",
+    "runs_url",
+    "runs_view_state",
+    "serve",
+    "stop_server",
+]
+
+VIEW_ID = "trl-rapidfire"
+VIEW_NAME = "trl-rapidfire runs"
+# Where MLflow 3.17's UI keeps saved views (experiment tags) and the URL parameter opening one.
+_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+_VIEW_PARAM = "viewStateShareKey"
+# "Model training" in the UI's GenAI / Model training switch.
+_WORKFLOW = {"workflowType": "machine_learning"}
+_MAX_KNOB_COLUMNS = 8
+_STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGHUP")
+                      if hasattr(signal, s))
+_GRACE = 15.0  # seconds the server gets to stop on SIGTERM before it is killed
+
+
+def runs_url(base_url: str, experiment_id: str) -> str:
+    """The runs table of MLflow experiment ``experiment_id``, in "Model training" mode, through
+    the trl-rapidfire saved view (:func:`ensure_runs_view` writes it; the dashboard does)."""
+    query = urlencode({**_WORKFLOW, _VIEW_PARAM: VIEW_ID})
+    return f"{base_url.rstrip('/')}/#/experiments/{quote(str(experiment_id), safe='')}/runs?{query}"
+
+
+def runs_view_state(knobs: Sequence[str] = ()) -> dict[str, Any]:
+    """The saved view's state: the runs table's search facets and columns.
+
+    A filter and a sort other than the start time, together, are what make the UI list child
+    runs flat: with either missing it fetches their parent run and folds them under it. The
+    column order puts the status first: the table draws only the columns in sight, and the
+    UI's default order (metrics, params, tags) would push the status off the screen.
+    """
+    from ..tracking.tags import OP_RESULT_TAG, OP_TAG, PROGRESS_TAG, ROLE_TAG, STATUS_TAG
+
+    columns = [f"tags.`{STATUS_TAG}`", f"tags.`{PROGRESS_TAG}`", "metrics.`loss`",
+               "metrics.`eval_loss`", *(f"params.`{k}`" for k in knobs), f"tags.`{OP_TAG}`",
+               f"tags.`{OP_RESULT_TAG}`"]
+    return {
+        "searchFilter": f"tags.`{ROLE_TAG}` = 'run'",
+        "orderByKey": "tags.`mlflow.runName`",
+        "orderByAsc": True,
+        "startTime": "ALL",
+        "lifecycleFilter": "Active",
+        "datasetsFilter": [],
+        "modelVersionFilter": "All Runs",
+        "selectedColumns": columns,
+        "columnOrder": columns,
+    }
+
+
+def _knobs(runs: Sequence[Any]) -> list[str]:
+    """Params whose values differ between ``runs``: the knobs of the sweep. A param holding the
+    run's own name (its output_dir, run_name, ...) differs too but says nothing."""
+    from ..tracking.tags import RUN_TAG
+
+    keys = sorted({k for run in runs for k in run.data.params})
+    names = [run.data.tags.get(RUN_TAG) or run.info.run_name or "" for run in runs]
+    knobs = []
+    for key in keys:
+        values = [run.data.params.get(key) for run in runs]
+        if len(set(values)) < 2:
+            continue
+        if any(name and value and name in value for name, value in zip(names, values)):
+            continue
+        knobs.append(key)
+    return knobs[:_MAX_KNOB_COLUMNS]
+
+
+def ensure_runs_view(client: Any, experiment_id: str) -> None:
+    """Write (or bring up to date) the trl-rapidfire saved view of an MLflow experiment: the tag
+    ``mlflow.sharedViewState.trl-rapidfire``, in the envelope the UI's "Views" menu writes, so
+    it is listed there too and a person can leave it or delete it like their own."""
+    from ..tracking.tags import ROLE_TAG
+
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'run'",
+                              max_results=1000)
+    state = json.dumps(runs_view_state(_knobs(runs)), sort_keys=True)
+    key = _VIEW_TAG_PREFIX + VIEW_ID
+    old = client.get_experiment(experiment_id).tags.get(key)
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        if old is not None and json.loads(old).get("state") == state:
+            return  # as it is: no write, and its creation time stays
+    envelope = {"name": VIEW_NAME, "createdAt": int(time.time() * 1000), "state": state}
+    client.set_experiment_tag(experiment_id, key, json.dumps(envelope))
+
+
+def landing_url(uri: str, base_url: str) -> str:
+    """Where the dashboard sends a person: :func:`runs_url` of the newest trl-rapidfire
+    experiment in the store (its view written first), else ``base_url``."""
+    from mlflow import MlflowClient
+
+    from .experiments import list_experiments
+
+    found = list_experiments(uri=uri)  # newest first
+    if not found:
+        return base_url
+    client = MlflowClient(uri)
+    # Every MLflow experiment holding trl-rapidfire runs gets the view, for a person who
+    # moves from the newest one to an older one in the UI.
+    for experiment_id in dict.fromkeys(e.experiment_id for e in found):
+        ensure_runs_view(client, experiment_id)
+    return runs_url(base_url, found[0].experiment_id)
+
+
+def local_store_path(uri: str) -> Path | None:
+    """The file or folder a local store URI names (sqlite file, ``file:`` or plain path to an
+    ``mlruns`` folder); ``None`` for a database server or a tracking server."""
+    if uri.startswith("sqlite:///"):
+        return Path(unquote(uri[len("sqlite:///"):].split("?")[0]))
+    if uri.startswith("file:"):
+        return Path(unquote(urlparse(uri).path))
+    if "://" not in uri and not uri.startswith(("sqlite:", "databricks")):
+        return Path(uri)
+    return None
+
+
+def _is_server(uri: str) -> bool:
+    """A tracking server (HTTP, Databricks), as opposed to a store ``mlflow server`` opens."""
+    return uri.startswith("databricks") or ("://" in uri and not uri.startswith(
+        ("sqlite:", "postgresql", "mysql", "mssql", "file:")))
+
+
+# ---------------------------------------------------------------- the server's processes
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group) of every live process, from /proc (empty elsewhere:
+    the process group alone is then signalled). Zombies are dead: they hold no port."""
+    table: dict[int, tuple[int, int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:  # it ended meanwhile
+                continue
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] != "Z":
+                table[int(entry.name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def _server_processes(leader: int) -> set[int]:
+    """The server's process group and every descendant of its first process, also those that
+    left the group (a worker may start a session of its own)."""
+    table = _process_table()
+    found = {pid for pid, (_, group) in table.items() if group == leader}
+    found |= {leader} & table.keys()
+    while True:
+        more = {pid for pid, (parent, _) in table.items() if parent in found} - found
+        if not more:
+            return found
+        found |= more
+
+
+def _signal_all(leader: int, pids: set[int], signum: int) -> None:
+    """``signum`` to the server's process group, and to each of ``pids`` that left it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(leader, signum)
+    table = _process_table()
+    for pid in pids:
+        if pid in table and table[pid][1] != leader:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+
+
+def stop_server(proc: subprocess.Popen, grace: float = _GRACE) -> None:
+    """Stop the server ``proc`` leads and everything it started: SIGTERM (uvicorn closes its
+    connections), then SIGKILL for what is still there after ``grace`` seconds. Called also
+    when the server ended on its own, as its workers may have outlived it."""
+    # Listed before any signal: once a process ends, its children are re-parented and could
+    # no longer be found from the server.
+    pids = _server_processes(proc.pid)
+    _signal_all(proc.pid, pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while proc.poll() is None or pids & _process_table().keys():
+        if time.monotonic() > deadline:
+            _signal_all(proc.pid, pids | _server_processes(proc.pid), signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            return
+        time.sleep(0.1)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """Linux only: the server gets SIGTERM when the dashboard dies, even by SIGKILL, when no
+    handler of ours can run. Resolved here, in the parent, so that the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+    return lambda: prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+
+
+class _Stop(BaseException):
+    """A stop signal arrived (a BaseException, as KeyboardInterrupt: no ``except Exception``
+    on the way swallows it)."""
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[dict[str, bool]]:
+    """SIGINT, SIGTERM and SIGHUP raise :class:`_Stop` in the main thread, once: a second
+    signal while the server is being stopped must not cut the cleanup short."""
+    state = {"stopping": False}
+
+    def handler(signum: int, _frame: Any) -> None:
+        if not state["stopping"]:
+            state["stopping"] = True
+            raise _Stop(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield state  # signal handlers can only be set from the main thread
+        return
+    previous = {s: signal.signal(s, handler) for s in _STOP_SIGNALS}
+    try:
+        yield state
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+# ---------------------------------------------------------------- serving
+
+
+def _say(text: str) -> None:
+    # After SIGHUP the terminal may be gone: a line that cannot be written is not an error.
+    with contextlib.suppress(OSError):
+        print(text, flush=True)
+
+
+def _answers(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as r:
+            return r.status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+
+
+def _check_port(port: int) -> None:
+    """Fail with one line, before anything starts, when another process listens on ``port``
+    (uvicorn would die with a traceback in the middle of the server's output)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as err:
+            raise OSError(f"port {port} on 127.0.0.1 is taken ({err.strerror}): another "
+                          "dashboard may be running there; choose a port with --port") from None
+
+
+def serve(uri: str, port: int = 5000, *, create: bool = False) -> int:
+    """Serve the MLflow UI for the store ``uri`` on ``127.0.0.1:port`` until a stop signal.
+
+    Before the server starts, each MLflow experiment of the store holding trl-rapidfire runs
+    gets the saved view :func:`runs_url` opens (one experiment tag, :func:`ensure_runs_view`).
+
+    Returns the exit code: 0 when stopped by SIGINT, SIGTERM or SIGHUP, the server's own code
+    when it ended by itself.
+
+    Raises:
+        LookupError: a local store that does not exist, and ``create`` is false (nothing is
+            created: a dashboard started in the wrong folder says so instead of showing an
+            empty store).
+        ChildProcessError: the server ended before it answered.
+        OSError: ``port`` is taken.
+    """
+    if _is_server(uri):
+        _say(f"The store {uri} is a tracking server already: open it in a browser.")
+        return 0
+    path = local_store_path(uri)
+    if path is not None and not path.exists() and not create:
+        raise LookupError(
+            f"no MLflow store at {path.absolute()} (nothing was tracked from here): start the "
+            "dashboard where the experiment ran, point it at a store with --uri (e.g. "
+            "sqlite:////path/to/mlflow.db) or MLFLOW_TRACKING_URI, or pass --create to start "
+            "an empty one")
+    _check_port(port)
+    base_url = f"http://127.0.0.1:{port}"
+    with _stop_signals() as state:
+        proc = None
+        try:
+            _say(f"Starting the MLflow UI for {uri} on {base_url} ...")
+            # Before the server starts, so the two never create a new store's tables at once.
+            from ..tracking.mlflow_store import ensure_schema
+
+            ensure_schema(uri)
+            try:
+                url = landing_url(uri, base_url)
+            except Exception as err:  # noqa: BLE001 - the view is a convenience, the UI is not
+                _say(f"(the runs view could not be written: {' '.join(str(err).split())[:300]})")
+                url = base_url
+            # The job runner (GenAI jobs) would be one more process tree, for nothing here.
+            env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+                 "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                env=env, start_new_session=True, preexec_fn=_die_with_parent())
+            while not _answers(base_url):
+                if proc.poll() is not None:
+                    raise ChildProcessError(
+                        f"mlflow server ended (exit code {proc.returncode}) before it answered "
+                        f"on {base_url}; its output is above")
+                time.sleep(0.5)
+            note = "" if url != base_url else "no trl-rapidfire experiment in the store yet; "
+            _say(f"MLflow UI: {url}  ({note}Ctrl-C to stop)")
+            return proc.wait() or 0
+        except _Stop:
+            return 0
+        finally:
+            state["stopping"] = True
+            if proc is not None:
+                stop_server(proc)

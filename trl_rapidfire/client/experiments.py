@@ -1,0 +1,180 @@
+"""The trl-rapidfire experiments in an MLflow store, as the CLI and :mod:`.control` see them
+from outside the training process: which one an op or a status query is for.
+
+Each experiment is a parent run (tag ``rapidfire.role`` = ``experiment``) whose MLflow status
+says how its last ``train()`` call ended, and whose tag ``rapidfire.heartbeat`` the training
+process refreshes while it trains (:mod:`.tracking`). An experiment is *training* when its
+parent run is running with a fresh heartbeat. With no experiment named, ops go to the one
+experiment that is training; none or several is an error that lists them, never a guess.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+
+from ..storage.layout import Layout, run_order
+from ..tracking.tags import read_experiment_id
+from .tracked_runs import RunCatalog, TrackedRun, open_catalog, sqlite_path
+
+__all__ = ["Experiment", "experiment_runs", "find_experiment", "list_experiments"]
+
+_LISTED = 5  # experiments named in a message
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """An experiment found in an MLflow store.
+
+    Attributes:
+        uri, experiment_id: the store and the MLflow experiment.
+        rf_experiment: trl-rapidfire's id of the experiment (``<output_dir>/.rapidfire/``).
+        parent_run_id: the experiment's parent run.
+        name: the MLflow experiment's name.
+        state: ``training``, ``finished``, ``failed``, ``killed``, or ``not responding`` (its
+            process stopped answering: killed outright, or its machine lost).
+        last_seen: Unix time of its last heartbeat (``None`` before heartbeats existed).
+    """
+
+    uri: str
+    experiment_id: str
+    rf_experiment: str
+    parent_run_id: str
+    name: str
+    state: str = "finished"
+    last_seen: float | None = None
+
+    @property
+    def training(self) -> bool:
+        """Whether its training process is running now (an op is applied soon)."""
+        return self.state == "training"
+
+    def describe(self) -> str:
+        """``'demo' (1a2b3c4d, training)``: enough to tell experiments apart."""
+        return f"{self.name!r} ({self.rf_experiment[:8]}, {self.state})"
+
+
+def _state(run: TrackedRun, now: float) -> tuple[str, float | None]:
+    from ..tracking.tags import HEARTBEAT_STALE, HEARTBEAT_TAG
+
+    beat = run.tags.get(HEARTBEAT_TAG, "")
+    seen = float(beat) if re.fullmatch(r"\d+(\.\d+)?", beat) else None
+    if run.status == "RUNNING":
+        fresh = seen is not None and now - seen <= HEARTBEAT_STALE
+        return ("training" if fresh else "not responding"), seen
+    return {"FINISHED": "finished", "FAILED": "failed"}.get(run.status, "killed"), seen
+
+
+def _catalog(uri: str | None) -> RunCatalog:
+    from ..tracking.tags import resolve_tracking_uri
+
+    uri = uri or resolve_tracking_uri()
+    path = sqlite_path(uri)
+    if path is not None and not path.exists():
+        raise LookupError(f"no MLflow store at {uri}; set MLFLOW_TRACKING_URI or run from the "
+                          "folder that holds mlflow.db")
+    return open_catalog(uri)
+
+
+def _rf_id_of(output_dir: str | os.PathLike) -> str:
+    layout = Layout(output_dir)
+    marker = layout.experiment_marker
+    if not marker.is_file():
+        if layout.scheduler_state.is_file():
+            raise LookupError(
+                f"{output_dir} holds an experiment that is not tracked in MLflow (its config "
+                "has report_to without \"mlflow\"): reach it through its folder "
+                "(the CLI with --dir, or trl_rapidfire.client.send.send_op(..., output_dir=...)), "
+                "or from its script (trainer.stop('run-1'), ...)."
+            )
+        raise LookupError(f"{output_dir} holds no trl-rapidfire experiment ({marker} is "
+                          "missing)")
+    try:
+        return read_experiment_id(marker)
+    except ValueError as err:
+        raise LookupError(f"{err}; restore it, or reach the experiment by its MLflow name "
+                          "(--experiment)") from None
+
+
+def list_experiments(
+    *, output_dir: str | os.PathLike | None = None, experiment: str | None = None,
+    uri: str | None = None,
+) -> list[Experiment]:
+    """The experiments in the store (of ``output_dir``, or of the MLflow experiment named
+    ``experiment``, when given), newest first.
+
+    Raises:
+        LookupError: no store, an ``output_dir`` holding no tracked experiment, or no MLflow
+            experiment of that name.
+    """
+    from ..tracking.tags import EXPERIMENT_TAG, ROLE_TAG
+
+    wanted = {ROLE_TAG: "experiment"}
+    if output_dir is not None:
+        wanted[EXPERIMENT_TAG] = _rf_id_of(output_dir)
+    catalog = _catalog(uri)
+    names = catalog.experiment_names()
+    if experiment is not None:
+        experiment_id = catalog.experiment_id(experiment)
+        if experiment_id is None:
+            raise LookupError(f"no MLflow experiment named {experiment!r} in {catalog.uri}")
+        names = {experiment_id: experiment}
+    runs = catalog.runs(list(names), wanted)
+    now = time.time()
+    found = []
+    for run in runs:
+        state, seen = _state(run, now)
+        found.append(Experiment(catalog.uri, run.experiment_id, run.tags[EXPERIMENT_TAG],
+                                run.run_id, names[run.experiment_id], state, seen))
+    return found
+
+
+def _listed(experiments: list[Experiment]) -> str:
+    shown = ", ".join(e.describe() for e in experiments[:_LISTED])
+    more = len(experiments) - _LISTED
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def find_experiment(
+    *, output_dir: str | os.PathLike | None = None, experiment: str | None = None,
+    uri: str | None = None, latest_if_none_training: bool = True,
+) -> Experiment:
+    """The experiment a command is for.
+
+    By its ``output_dir`` or MLflow experiment name (the one of that name that is training,
+    else its latest). With neither: the one experiment that is training in the store; if
+    none is, the latest one (or, with ``latest_if_none_training=False``, an error naming
+    them); if several are, an error naming them.
+
+    Raises:
+        LookupError: nothing matches, or which one is meant is unclear (the message lists the
+            candidates and the options that choose one).
+    """
+    found = list_experiments(output_dir=output_dir, experiment=experiment, uri=uri)
+    store = uri or (found[0].uri if found else "the store")
+    if not found:
+        raise LookupError(f"no trl-rapidfire experiment found in {store}")
+    training = [e for e in found if e.training]
+    if output_dir is not None or experiment is not None:
+        return training[0] if training else found[0]
+    choose = "choose one with --experiment NAME or --output-dir DIR"
+    if len(training) > 1:
+        raise LookupError(f"{len(training)} experiments are training in {found[0].uri}: "
+                          f"{_listed(training)}; {choose}")
+    if training:
+        return training[0]
+    if latest_if_none_training:
+        return found[0]
+    raise LookupError(f"no experiment is training in {found[0].uri} (the latest: "
+                      f"{_listed(found)}); {choose}")
+
+
+def experiment_runs(exp: Experiment) -> list[TrackedRun]:
+    """The MLflow runs of ``exp``'s RF runs, in run order."""
+    from ..tracking.tags import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG
+
+    runs = open_catalog(exp.uri).runs([exp.experiment_id],
+                                      {ROLE_TAG: "run", EXPERIMENT_TAG: exp.rf_experiment})
+    return sorted(runs, key=lambda run: run_order(run.tags.get(RUN_TAG, "")))

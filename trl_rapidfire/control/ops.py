@@ -1,0 +1,297 @@
+"""Interactive control ops: what a person (or a policy) may do to a run mid-flight.
+
+An op is a short text, the value of the run tag ``rapidfire.op`` in the MLflow UI, the argument
+of the CLI, or a call of the functions below:
+
+=============================  ===============================================================
+``stop``                       park the run, state kept; it gets no more chunks until resumed
+``resume``                     put a stopped run back into the rotation
+``delete``                     remove the run for good and free its state
+``clone {json}``               a new run: the parent's knobs plus overrides, from scratch
+``clone-warm {json}``          the same, starting from the parent's weights (and optimizer
+                               moments when the shapes agree) as of its last finished chunk
+=============================  ===============================================================
+
+Overrides are a JSON object keyed by knob names as in ``run.knobs`` (config fields such as
+``learning_rate``, trainer arguments such as ``peft_config``); fields inside a dataclass-valued
+knob are dotted (``"peft_config.r": 32``); a knob whose candidates are objects or functions is
+set to one of its original candidates by index: ``{"reward_funcs": {"candidate": 1}}``.
+
+Text is only ever parsed as JSON, never evaluated. Ops take effect at the next chunk boundary;
+every op, applied or rejected, is written to the op log with its result.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import json
+import os
+import time
+import typing
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config.knobs import List, is_knob
+from ..storage.csv_logs import append_row
+from ..storage.names import UntrustedValue
+from ..storage.outside_text import OP_TEXT_BYTES, OutsideTextError, check_size, loads
+from .trust import check_tag_override
+
+__all__ = [
+    "Op",
+    "OpError",
+    "OpRecord",
+    "VERBS",
+    "append_op_row",
+    "parse_op",
+    "resolve_overrides",
+]
+
+VERBS = ("stop", "resume", "delete", "clone", "clone-warm")
+_EXPERIMENT_WIDE = frozenset({"output_dir", "num_chunks", "cache_budget_bytes", "report_to",
+                              "checkpoint_every"})
+# An override's value is a number, a name, a list of names or a mapping of numbers (3 levels
+# with the overrides' own object); a little room beyond that, nothing like a parser's limit.
+_OP_DEPTH = 8
+_HINT = 'use one of: stop, resume, delete, clone {"knob": value}, clone-warm {"knob": value}'
+
+
+class OpError(ValueError):
+    """An op cannot be applied; the message says why (it becomes the op's result tag)."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """A parsed op: its verb and, for clones, the knob overrides."""
+
+    verb: str
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_clone(self) -> bool:
+        return self.verb in ("clone", "clone-warm")
+
+    @property
+    def warm(self) -> bool:
+        return self.verb == "clone-warm"
+
+    def __str__(self) -> str:
+        if self.is_clone:
+            return f"{self.verb} {json.dumps(dict(self.overrides), sort_keys=True)}"
+        return self.verb
+
+
+def parse_op(text: Any) -> Op:
+    """Parse op text (``"stop"``, ``'clone-warm {"learning_rate": 1e-4}'``, ...)."""
+    if not isinstance(text, str) or not text.strip():
+        raise OpError(f"empty op: {_HINT}")
+    try:
+        check_size(text, what="the op", max_bytes=OP_TEXT_BYTES)
+    except OutsideTextError as err:
+        raise OpError(str(err)) from None
+    verb, _, rest = text.strip().partition(" ")
+    verb = verb.lower()
+    rest = rest.strip()
+    if verb not in VERBS:
+        raise OpError(f"unknown op {verb!r}: {_HINT}")
+    if verb in ("stop", "resume", "delete"):
+        if rest:
+            raise OpError(f"`{verb}` takes no argument, got {rest!r}")
+        return Op(verb)
+    if not rest:
+        return Op(verb, {})
+    try:
+        overrides = loads(rest, what=f"the argument of `{verb}`", max_depth=_OP_DEPTH)
+    except OutsideTextError as err:
+        shown = rest if len(rest) <= 200 else rest[:200] + "..."
+        raise OpError(f"{err}: {shown!r}") from None
+    if not isinstance(overrides, dict):
+        raise OpError(f"`{verb}` overrides must be a JSON object like "
+                      f'{{"learning_rate": 1e-4}}, got {rest!r}')
+    return Op(verb, overrides)
+
+
+def resolve_overrides(
+    overrides: Mapping[str, Any],
+    parent_knobs: Mapping[str, Any],
+    knob_specs: Mapping[str, Any],
+    config_fields: Mapping[str, Any],
+    trainer_args: Mapping[str, Any],
+    *,
+    untrusted: bool = False,
+    allowed: Collection[str] = (),
+    config_class: type | None = None,
+) -> dict[str, Any]:
+    """The clone's values for every overridden knob.
+
+    Args:
+        overrides: the op's JSON object.
+        parent_knobs: the parent run's knob values (``run.knobs``).
+        knob_specs: the experiment's knobs as declared (``List``/``Range``), by name.
+        config_fields: the RF config's fields and current values (a field that was not a knob
+            may be overridden too).
+        trainer_args: trainer-level arguments (``peft_config``, ``model``, ...) and their
+            values in the parent run.
+        untrusted: the op came from a tag, the CLI or a state file, not from the script:
+            only training hyperparameters may change (see :mod:`trl_rapidfire.storage.names`).
+        allowed: keys the author lets tags change anyway (the config's ``clone_overrides``).
+        config_class: the class of the run's config (its fields' enumerated names).
+
+    Raises:
+        OpError: unknown knob, dotted path into something that is not a dataclass, a field
+            that does not exist, a candidate index out of range.
+    """
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        name, _, attr = key.partition(".")
+        if name in _EXPERIMENT_WIDE:
+            raise OpError(f"{name!r} describes the whole experiment; a clone cannot change it")
+        if name in parent_knobs:
+            current = parent_knobs[name]
+        elif name in trainer_args:
+            current = trainer_args[name]
+        elif name in config_fields:
+            current = config_fields[name]
+        else:
+            known = sorted(set(parent_knobs) | {k for k in trainer_args if k != "model"})
+            raise OpError(f"unknown knob {name!r}: overridable are the config fields and "
+                          f"the trainer arguments {known}")
+        if isinstance(value, dict) and set(value) == {"candidate"}:
+            spec = knob_specs.get(name)
+            if not isinstance(spec, List):
+                raise OpError(f"{name!r} was not a List knob, so it has no candidates to pick")
+            index = value["candidate"]
+            if isinstance(index, bool) or not isinstance(index, int) or not (
+                0 <= index < len(spec.values)
+            ):
+                raise OpError(f"{name!r} candidate must be an index in 0..{len(spec.values) - 1}, "
+                              f"got {index!r}")
+            value = spec.values[index]
+        if untrusted:
+            spec = knob_specs.get(name)
+            declared = spec.values if isinstance(spec, List) else ()
+            owner = config_class
+            if attr:
+                owner = type(out.get(name, current))
+                declared = ()  # a candidate is a whole value, not one of its fields
+            try:
+                check_tag_override(key, value, owner=owner, candidates=declared,
+                                   allowed=allowed, trainer_arg=name in trainer_args)
+            except UntrustedValue as err:
+                raise OpError(str(err)) from None
+        if attr:
+            base = out.get(name, current)
+            if not dataclasses.is_dataclass(base) or isinstance(base, type):
+                raise OpError(f"{key!r}: {name!r} holds {type(base).__name__}, not a config "
+                              "object with fields")
+            names = {f.name for f in dataclasses.fields(base)}
+            if attr not in names:
+                raise OpError(f"{key!r}: {type(base).__name__} has no field {attr!r}")
+            _check_json_value(key, value, getattr(base, attr))
+            value = _as_integer(key, value, type(base), attr)
+            try:
+                # replace() re-runs the config's own validation (__post_init__).
+                base = dataclasses.replace(copy.deepcopy(base), **{attr: value})
+            except Exception as err:  # noqa: BLE001 - reported as the op's result
+                raise OpError(f"{key!r}: {type(err).__name__}: {err}") from None
+            out[name] = base
+            continue
+        if is_knob(value):
+            raise OpError(f"{key!r}: give one value, not a knob")
+        _check_json_value(key, value, current)
+        if config_class is not None and name in config_fields and name not in trainer_args:
+            value = _as_integer(key, value, config_class, name)
+        out[name] = value
+    return out
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _as_integer(key: str, value: Any, owner: type, name: str) -> Any:
+    """``value`` for a field annotated ``int``: a whole number (JSON's ``16.0`` becomes
+    ``16``); ``1.5`` for a LoRA rank would reach torch as a tensor size and fail there, in a
+    message about tensors."""
+    if isinstance(value, float) and integer_field(owner, name):
+        if not value.is_integer():
+            raise OpError(f"{key!r} takes a whole number, got {value!r}")
+        return int(value)
+    return value
+
+
+@functools.cache
+def integer_field(owner: type, name: str) -> bool:
+    """Whether the dataclass ``owner``'s field ``name`` is annotated as an integer (``int``
+    or ``int | None``; not ``int | float``)."""
+    try:
+        hint = typing.get_type_hints(owner).get(name)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: nothing known
+        return False
+    kinds = set(typing.get_args(hint)) if typing.get_args(hint) else {hint}
+    kinds.discard(type(None))
+    return kinds == {int}
+
+
+def _check_json_value(key: str, value: Any, current: Any) -> None:
+    """A JSON value must fit the kind of value it replaces: JSON cannot spell a function or a
+    config object (pick a candidate), nor turn a number into text."""
+    # A set (LoraConfig keeps target_modules as one) is spelled as a JSON list.
+    if not isinstance(current, (*_JSON_SCALARS, list, tuple, dict, set, frozenset)) and (
+            value is not None):
+        if not isinstance(value, type(current)):
+            raise OpError(f"{key!r} holds {type(current).__name__} values, which JSON cannot "
+                          f'spell: pick one of its candidates, {{"{key}": {{"candidate": 0}}}}, '
+                          "or set one of its fields with a dotted name")
+        return
+    if isinstance(current, bool) and not isinstance(value, bool) and value is not None:
+        raise OpError(f"{key!r} takes true or false like {json.dumps(current)}, got "
+                      f"{json.dumps(value)}")
+    if isinstance(value, bool) and current is not None and not isinstance(current, bool):
+        kind = "a number" if isinstance(current, (int, float)) else "a value"
+        raise OpError(f"{key!r} takes {kind} like {current!r}, not true or false")
+    if isinstance(current, bool) or isinstance(value, bool):
+        return
+    if isinstance(current, (int, float)) and not isinstance(value, (int, float)):
+        raise OpError(f"{key!r} takes a number like {current!r}, got {value!r}")
+    if isinstance(current, str) and not isinstance(value, str):
+        raise OpError(f"{key!r} takes a string like {current!r}, got {value!r}")
+    if isinstance(value, (list, dict)) and isinstance(current, _JSON_SCALARS) and (
+        current is not None
+    ):
+        raise OpError(f"{key!r} takes a single value like {current!r}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One op as it was handled.
+
+    Attributes:
+        time: when it was applied (``time.time()``).
+        source: ``tag`` (MLflow UI or CLI), ``python``, or ``policy:<Name>`` (the policy
+            that decided).
+        run: the run it targeted.
+        op: the op text.
+        result: ``ok: ...``, ``error: ...``, or ``skipped: ...`` (a policy's op when a
+            person's op on the same run was applied at the same boundary).
+    """
+
+    time: float
+    source: str
+    run: str
+    op: str
+    result: str
+
+    @classmethod
+    def now(cls, source: str, run: str, op: str, result: str) -> OpRecord:
+        return cls(time.time(), source, run, op, result)
+
+
+_OP_FIELDS = [f.name for f in dataclasses.fields(OpRecord)]
+
+
+def append_op_row(record: OpRecord, path: str | os.PathLike) -> None:
+    """Append one record to ``ops.csv`` (the header is written with the first row)."""
+    append_row(path, _OP_FIELDS, dataclasses.asdict(record))

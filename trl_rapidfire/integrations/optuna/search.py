@@ -1,0 +1,168 @@
+"""``OptunaSearch``: an Optuna sampler (TPE by default) proposes the runs while the experiment
+trains, from the results of the runs before them.
+
+Knobs map to Optuna distributions: a ``Range`` to a float (or int) distribution, log-scaled
+when the Range is; a ``List`` of plain values (strings, numbers, booleans, ``None``) to a
+categorical over those values, and any other ``List`` (``LoraConfig``s, models, reward
+function sets, zip groups) to a categorical over the candidates' positions. ``max_concurrent``
+runs train at a time: whenever one leaves the rotation its result is told to the study and the
+sampler is asked for the next run, until ``num_runs`` were proposed.
+
+The study is kept in ``<output_dir>/.rapidfire/optuna.journal`` (Optuna's journal storage, a
+file that every worker of the experiment shares and a re-run continues). Each proposal's
+sampler is seeded from ``seed`` and the trial's number, so a re-run after a crash proposes what
+the first run would have: the sampler's state is a function of the study, which is on disk,
+and of that seed (see :mod:`trl_rapidfire.integrations.optuna.study`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ...config.knobs import Range
+from ...search.fingerprint import config_doc
+from ...search.fingerprint import describe as describe_argument
+from ...search.searches import AdaptiveSearch, RunSpec, Search, SearchError
+from ...storage.layout import Layout, run_index
+from .space import SearchSpace
+from .study import StudyBook
+from .support import require_optuna
+
+__all__ = ["OptunaSearch"]
+
+
+def _derive_seed(seed: int, number: int) -> int:
+    digest = hashlib.sha256(f"trl-rapidfire/optuna/{seed}/{number}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+class OptunaSearch(AdaptiveSearch):
+    """Runs proposed by an Optuna sampler while the experiment trains.
+
+    Args:
+        sampler: ``None`` (TPE, seeded from ``seed``), a function ``seed -> sampler`` (e.g.
+            ``lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True)``), or a
+            sampler object. With ``None`` or a function each proposal gets a sampler seeded
+            from ``seed`` and its trial number, so proposals are the same on a re-run, also
+            after a crash; a sampler object is used as it is (its own seed holds only within
+            one uninterrupted process).
+        num_runs: how many runs the sampler proposes in all (>= 1).
+        max_concurrent: how many runs train at a time (are in the rotation); a new one is
+            proposed whenever one leaves it (>= 1).
+        metric: what the study optimizes: a logged metric (``eval_loss``; ``x`` also finds
+            ``eval_x``), its value at each chunk end an intermediate value of the trial.
+        direction: ``minimize`` or ``maximize``.
+        seed: seeds the sampler (independent of training seeds).
+        zip: as for :class:`~trl_rapidfire.search.searches.GridSearch` (a zip group is one
+        parameter).
+
+    Raises:
+        OptunaMissing: Optuna is not installed (``pip install 'trl-rapidfire[optuna]'``).
+    """
+
+    def __init__(self, sampler: Any = None, *, num_runs: int, max_concurrent: int = 4,
+                 metric: str = "eval_loss", direction: str = "minimize", seed: int = 0,
+                 zip: Sequence[Sequence[str]] = ()) -> None:  # noqa: A002 - the public name
+        optuna = require_optuna("OptunaSearch")
+        for name, value in (("num_runs", num_runs), ("max_concurrent", max_concurrent)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SearchError(f"OptunaSearch needs {name} >= 1 (an integer), got {value!r}.")
+        if direction not in ("minimize", "maximize"):
+            raise SearchError(f"OptunaSearch direction must be 'minimize' or 'maximize', got "
+                              f"{direction!r}.")
+        if not isinstance(metric, str) or not metric:
+            raise SearchError(f"OptunaSearch metric must be a logged metric's name (e.g. "
+                              f"'eval_loss'), got {metric!r}.")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise SearchError(f"OptunaSearch seed must be an integer, got {seed!r}.")
+        if sampler is not None and not isinstance(sampler, optuna.samplers.BaseSampler) \
+                and not callable(sampler):
+            raise SearchError(f"OptunaSearch sampler must be an Optuna sampler, a function "
+                              f"seed -> sampler, or None (TPE), got {sampler!r}.")
+        super().__init__(zip=zip)
+        self.sampler = sampler
+        self.num_runs, self.max_concurrent = num_runs, max_concurrent
+        self.metric, self.direction, self.seed = metric, direction, seed
+
+    def sampler_for(self, number: int) -> Any:
+        """The sampler that proposes trial ``number``."""
+        optuna = require_optuna("OptunaSearch")
+        seed = _derive_seed(self.seed, number)
+        if self.sampler is None:
+            # Optuna's default of 10 random trials first would spend most of a small budget
+            # before the model is used: a quarter of the budget, 2 to 10.
+            return optuna.samplers.TPESampler(seed=seed,
+                                              n_startup_trials=min(10, max(2, self.num_runs // 4)))
+        if isinstance(self.sampler, optuna.samplers.BaseSampler):
+            return self.sampler
+        made = self.sampler(seed)
+        if not isinstance(made, optuna.samplers.BaseSampler):
+            raise SearchError(f"OptunaSearch's sampler function returned {made!r}, not an "
+                              "Optuna sampler.")
+        return made
+
+    @property
+    def sampler_name(self) -> str:
+        """What proposes the runs, as the run tags and the report name it."""
+        optuna = require_optuna("OptunaSearch")
+        if self.sampler is None or isinstance(self.sampler, optuna.samplers.BaseSampler):
+            return type(self.sampler).__name__ if self.sampler is not None else "TPESampler"
+        return type(self.sampler_for(0)).__name__  # a function: what it makes
+
+    # ------------------------------------------------------------------ the trainers' side
+
+    def space(self, rf_config: Any, trainer_level: Mapping[str, Any]) -> SearchSpace:
+        """The config group's knobs as Optuna distributions."""
+        all_knobs, axes = self.knob_axes(rf_config, trainer_level)
+        if not axes:
+            raise SearchError("OptunaSearch needs at least one knob (a List or a Range) to "
+                              "search over.")
+        return SearchSpace(axes, list(all_knobs))
+
+    def describe(self, rf_config: Any, **trainer_level: Any) -> Any:
+        """The sampler, seed, metric, direction, every knob, and the config with each knob
+        at its first candidate (``num_runs`` and ``max_concurrent`` are left out: a re-run
+        may give the study more runs, or more at a time). Both ends of every knob are checked
+        as runs before anything loads."""
+        space = self.space(rf_config, trainer_level)
+        ends = []
+        for last in (False, True):
+            params = {name: (dist.choices[-1 if last else 0] if hasattr(dist, "choices")
+                             else dist.high if last else dist.low)
+                      for name, dist in space.distributions.items()}
+            ends.append(self.build_run("run-0", 0, space.knobs(params), rf_config, trainer_level))
+        template = ends[0]
+        knobs = {}
+        for axis in space.axes:
+            for name, knob in zip(axis.names, axis.knobs):
+                knobs[name] = repr(knob) if isinstance(knob, Range) else [
+                    describe_argument(v) for v in knob.values]  # type: ignore[union-attr]
+        sampler = self.sampler
+        return {"search": "OptunaSearch", "sampler": None if sampler is None else (
+                    getattr(sampler, "__qualname__", None) or type(sampler).__name__),
+                "seed": self.seed, "metric": self.metric, "direction": self.direction,
+                "zip": [list(g) for g in self.zip_groups], "knobs": knobs,
+                "template": describe_argument(config_doc(template.config)),
+                "arguments": {k: describe_argument(v) for k, v in
+                              sorted(template.trainer_kwargs.items())}}
+
+    def start(self, rf_config: Any, layout: Layout,
+              **trainer_level: Any) -> tuple[list[RunSpec], Any]:
+        """Open (or continue) the study in the experiment's folder and return the first runs
+        (one per rotation place) and the study, which the engine asks for the rest."""
+        space = self.space(rf_config, trainer_level)
+        book = StudyBook(space, layout, sampler_for=self.sampler_for,
+                         sampler_name=self.sampler_name, num_runs=self.num_runs,
+                         max_concurrent=self.max_concurrent, metric=self.metric,
+                         direction=self.direction)
+        specs = [Search.build_run(p.name, run_index(p.name) or 0, p.knobs, rf_config,
+                                  trainer_level) for p in book.first_runs()]
+        return specs, book
+
+    def __repr__(self) -> str:
+        zipped = f", zip={list(self.zip_groups)!r}" if self.zip_groups else ""
+        return (f"OptunaSearch(sampler={self.sampler!r}, num_runs={self.num_runs}, "
+                f"max_concurrent={self.max_concurrent}, metric={self.metric!r}, "
+                f"direction={self.direction!r}, seed={self.seed}{zipped})")

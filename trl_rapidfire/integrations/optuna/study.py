@@ -1,0 +1,281 @@
+"""The study an :class:`~trl_rapidfire.integrations.optuna.search.OptunaSearch` keeps: Optuna's
+journal
+storage in ``<output_dir>/.rapidfire/optuna.journal``, shared by the experiment's workers and
+continued by a re-run. :class:`StudyBook` is the engine's
+:class:`~trl_rapidfire.engine.proposals.Proposer`.
+
+What makes it safe to share and to resume:
+
+* every ask, tell and added trial happens under one file lock (``optuna.lock`` beside it), so
+  two workers never take the same trial number, and the trial's state in the study says
+  whether it was told: a result is told once, by whichever worker gets there first;
+* each trial carries its run's name (user attribute ``run``): a re-run finds the runs' trials
+  instead of asking again, and a trial asked just before a crash (its run never reached the
+  shared state) is given to the run of that name when it is asked for again;
+* the sampler of trial ``n`` is made afresh, seeded from the search's seed and ``n``: what it
+  proposes depends on the study (on disk) and that seed only, not on how many proposals an
+  earlier process made before it died.
+
+Every proposal and told result is also a row of ``<output_dir>/search.csv`` (time, event,
+run, trial, detail), which ``trl-rapidfire status`` and the report read without Optuna.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from filelock import FileLock
+
+from ...control.policies import RunHistory, chunk_values
+from ...search.searches import Proposal
+from ...shared_state.runs import RunStatus
+from ...shared_state.store import StoreError
+from ...storage.csv_logs import append_row
+from ...storage.layout import Layout, run_name
+from ...storage.outside_text import SMALL_FILE_BYTES, STATE_BYTES, OutsideTextError, loads
+from ...storage.own_files import open_nofollow
+from .space import SearchSpace, params_text
+from .support import quiet_optuna, require_optuna
+
+__all__ = ["STUDY_NAME", "SEARCH_LOG_FIELDS", "StudyBook"]
+
+STUDY_NAME = "trl-rapidfire"
+# A proposal's params are {name: number, name or index}: one level, and no more is read.
+_PARAMS_DEPTH = 2
+SEARCH_LOG_FIELDS = ("time", "event", "run", "trial", "detail")
+
+
+class StudyBook:
+    """A study over ``space``, kept in the experiment's folder.
+
+    Args:
+        space: the parameters, and how they map to knob values.
+        layout: the experiment's paths (the study, its lock, the search log).
+        sampler_for: the sampler that proposes trial number ``n``.
+        sampler_name: what proposes the runs, for their tags.
+        num_runs: how many runs the sampler proposes in all.
+        max_concurrent: how many runs train at a time.
+        metric, direction: the study's objective (a logged metric) and its direction.
+    """
+
+    def __init__(self, space: SearchSpace, layout: Layout, *, sampler_for: Callable[[int], Any],
+                 sampler_name: str, num_runs: int, max_concurrent: int, metric: str,
+                 direction: str) -> None:
+        optuna = require_optuna("OptunaSearch")
+        self._optuna = optuna
+        self.space = space
+        self.sampler_for, self.sampler_name = sampler_for, sampler_name
+        self.num_runs, self.max_concurrent = num_runs, max_concurrent
+        self.metric, self.direction = metric, direction
+        layout.state_dir.mkdir(parents=True, exist_ok=True)
+        self.path = layout.study_journal
+        self.log_path = layout.search_log
+        self._lock = FileLock(str(layout.study_lock))
+        self._checked = 0  # bytes of the journal already read as data (_check_journal)
+        journal = optuna.storages.journal
+        with self._locked(), quiet_optuna():  # the lock checks the journal, then Optuna reads
+            self.storage = optuna.storages.JournalStorage(
+                journal.JournalFileBackend(str(self.path)))
+            self.study = optuna.create_study(study_name=STUDY_NAME, storage=self.storage,
+                                             direction=direction, load_if_exists=True)
+        if self.study.direction.name.lower() != direction:
+            raise ValueError(f"{self.path} holds a study that {self.study.direction.name.lower()}"
+                             f"s; this search {direction}s. Use another output_dir.")
+        self._study_id = self.storage.get_study_id_from_name(STUDY_NAME)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock:
+            self._check_journal()
+            yield
+
+    def _check_journal(self) -> None:
+        """Under the lock, before Optuna reads it: the lines appended to the journal since the
+        last look are JSON within the bounds of any state file (Optuna's parser recurses, and
+        a bad line would reach the user as a bare ``JSONDecodeError``); a damaged line, or a
+        link where the journal is, is a :class:`StoreError` naming the file."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            self._checked = 0
+            return
+        if st.st_size < self._checked:  # replaced by another (restored) journal: read it all
+            self._checked = 0
+        if st.st_size == self._checked and not stat.S_ISLNK(st.st_mode):
+            return
+        try:
+            fd = open_nofollow(self.path, os.O_RDONLY)
+        except ValueError as err:  # a link, or not a file
+            raise StoreError(str(err)) from None
+        try:
+            data = os.pread(fd, st.st_size - self._checked, self._checked)
+        finally:
+            os.close(fd)
+        end = data.rfind(b"\n") + 1  # a line still being written (or torn) waits
+        for raw in data[:end].splitlines():
+            try:
+                loads(raw, what="a line", max_bytes=STATE_BYTES)
+            except OutsideTextError as err:
+                raise StoreError(f"{self.path} has a damaged line ({err}): restore it, or use "
+                                 "another output_dir") from None
+        self._checked += end
+
+    def _trial_id(self, number: int) -> int:
+        return self.storage.get_trial_id_from_study_id_trial_number(self._study_id, number)
+
+    def _trials(self) -> list[Any]:
+        return self.study.get_trials(deepcopy=False)
+
+    def _by_run(self) -> dict[str, Any]:
+        return {t.user_attrs["run"]: t for t in self._trials() if "run" in t.user_attrs}
+
+    # ------------------------------------------------------------------ proposing
+
+    def first_runs(self) -> list[Proposal]:
+        """The runs that start the experiment: ``run-0`` .. one per rotation place (asked
+        now, or found in the study when another worker or an earlier session asked)."""
+        count = min(self.max_concurrent, self.num_runs)
+        with self._locked():
+            return [self._propose(run_name(i)) for i in range(count)]
+
+    def more(self) -> bool:
+        """Whether the sampler has proposals left (``num_runs`` counts them)."""
+        proposed = sum(1 for t in self._trials() if t.user_attrs.get("proposed"))
+        return proposed < self.num_runs
+
+    def propose(self, name: str) -> Proposal:
+        """The next run, ``name``: the sampler's next trial."""
+        with self._locked():
+            return self._propose(name)
+
+    def _propose(self, name: str) -> Proposal:
+        trial = self._by_run().get(name)
+        if trial is None:
+            number = len(self._trials())
+            self.study.sampler = self.sampler_for(number)
+            with quiet_optuna():
+                asked = self.study.ask(fixed_distributions=self.space.distributions)
+            asked.set_user_attr("run", name)
+            asked.set_user_attr("proposed", True)
+            trial = self.storage.get_trial(self._trial_id(asked.number))
+            self._log("proposed", name, trial.number, params_text(trial.params))
+        return Proposal(name=name, trial=trial.number, knobs=self.space.knobs(trial.params),
+                        params=params_text(trial.params), tags=self._tags(trial))
+
+    def from_recipe(self, name: str, trial: int, params: str) -> Proposal:
+        """The run ``name`` as its recipe has it (trial ``trial``, the sampler's ``params``
+        as JSON text). Raises ``ValueError`` for params that are not this search's."""
+        values = loads(params, what="its params", max_bytes=SMALL_FILE_BYTES,
+                       max_depth=_PARAMS_DEPTH)
+        if not isinstance(values, dict):
+            raise ValueError(f"its params are not a mapping: {params!r}")
+        knobs = self.space.knobs(values)
+        found = self._by_run().get(name)
+        tags = self._tags(found) if found is not None and found.number == trial else {
+            "rapidfire.trial": str(trial)}
+        return Proposal(name=name, trial=trial, knobs=knobs, params=params_text(values),
+                        tags=tags)
+
+    def tags_of(self, name: str) -> dict[str, str]:
+        """Run ``name``'s tracking tags: its trial, what proposed it and when."""
+        trial = self._by_run().get(name)
+        return {} if trial is None else self._tags(trial)
+
+    def _tags(self, trial: Any) -> dict[str, str]:
+        when = trial.datetime_start
+        return {"rapidfire.trial": str(trial.number),
+                "rapidfire.proposed_by": f"{self.sampler_name} (trial {trial.number})",
+                **({"rapidfire.proposed_at": when.isoformat(timespec="seconds")} if when else {})}
+
+    # ------------------------------------------------------------------ telling
+
+    def report(self, history: RunHistory) -> None:
+        """The values of the metric at the chunk ends ``history``'s run reached, as its
+        trial's intermediate values (those it has are left alone); a finished trial, or a run
+        without one (a clone), is left alone."""
+        values = {s: v for s, v in chunk_values(history, self.metric).items() if v == v}
+        if not values:
+            return
+        with self._locked():
+            trial = self._by_run().get(history.name)
+            if trial is None or trial.state.is_finished():
+                return
+            trial_id = self._trial_id(trial.number)
+            for step, value in sorted(values.items()):
+                if step not in trial.intermediate_values:
+                    self.storage.set_trial_intermediate_value(trial_id, step, value)
+
+    def tell(self, history: RunHistory) -> str | None:
+        """Tell the study how ``history``'s run ended, once: a completed run's last value
+        of the metric (COMPLETE), a stopped or deleted one's values so far (PRUNED), a
+        failed one (FAIL); each chunk end's value as an intermediate value at its step.
+        A run without a trial (a clone) is added as a trial of its own, when its knobs fit
+        the search's distributions. Returns what was told, ``None`` if it was before."""
+        optuna = self._optuna
+        state_of = optuna.trial.TrialState
+        values = chunk_values(history, self.metric)
+        finite = {s: v for s, v in values.items() if v == v}
+        last = finite[max(finite)] if finite else None
+        if history.status == RunStatus.COMPLETED and last is not None:
+            state, value = state_of.COMPLETE, last
+        elif history.status in (RunStatus.STOPPED, RunStatus.DELETED) and last is not None:
+            state, value = state_of.PRUNED, None
+        else:
+            state, value = state_of.FAIL, None
+        with self._locked():
+            trial = self._by_run().get(history.name)
+            if trial is not None:
+                if trial.state.is_finished():
+                    return None
+                for step, v in sorted(finite.items()):
+                    if trial.intermediate_values.get(step) != v:
+                        self.storage.set_trial_intermediate_value(
+                            self._trial_id(trial.number), step, v)
+                self.storage.set_trial_user_attr(self._trial_id(trial.number), "status",
+                                                 history.status.value)
+                self.study.sampler = self.sampler_for(trial.number)
+                with quiet_optuna():
+                    self.study.tell(trial.number, value, state=state)
+                number = trial.number
+            else:
+                number = self._add(history, state, value, finite)
+                if isinstance(number, str):
+                    self._log("not told", history.name, "", number)
+                    return f"not told: {number}"
+        shown = value if value is not None else last if state != state_of.FAIL else None
+        told = f"{state.name} {shown:.6g}" if shown is not None else state.name
+        self._log("told", history.name, number, told)
+        return f"trial {number}: {told}"
+
+    def _add(self, history: RunHistory, state: Any, value: float | None,
+             values: dict[int, float]) -> int | str:
+        """A clone's result as a trial of its own; its number, or why it cannot be one."""
+        optuna = self._optuna
+        if history.name in self._by_run():
+            return "told before"
+        written = self.space.params(dict(history.knobs))
+        if isinstance(written, str):
+            return written
+        params, dists = written
+        attrs = {"run": history.name, "status": history.status.value}
+        if history.parent:
+            attrs["clone_of"] = history.parent
+        if state == optuna.trial.TrialState.PRUNED and values:
+            value = None
+        trial = optuna.trial.create_trial(params=params, distributions=dists, value=value,
+                                          intermediate_values=values, user_attrs=attrs,
+                                          state=state)
+        self.study.add_trial(trial)
+        return self._by_run()[history.name].number
+
+    # ------------------------------------------------------------------ the search log
+
+    def _log(self, event: str, run: str, trial: Any, detail: str) -> None:
+        """One row of ``search.csv``."""
+        append_row(self.log_path, SEARCH_LOG_FIELDS, dict(zip(
+            SEARCH_LOG_FIELDS, (f"{time.time():.3f}", event, run, trial, detail))))

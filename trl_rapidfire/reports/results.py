@@ -1,0 +1,94 @@
+"""What an experiment reports about its runs, and how the best run is picked."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..shared_state.runs import RunStatus
+
+__all__ = ["RunResult", "latest_metrics", "pick_best"]
+
+
+@dataclass
+class RunResult:
+    """One run as the user sees it after (or during) ``train()``.
+
+    Attributes:
+        name: the run's name (``run-<index>``).
+        knobs: the knob values of this run.
+        status: see :class:`~trl_rapidfire.shared_state.runs.RunStatus`.
+        global_step: optimizer steps done.
+        output_dir: the run's folder (``<output_dir>/runs/<name>``); the final adapter or model
+            is in its ``final/`` subfolder.
+        metrics: the latest value of every metric the run logged (``loss``, ``eval_loss``,
+            ``learning_rate``, ...) and, once finished, its ``train_*`` summary.
+        error: the error a failed run raised.
+        last_op: the result of the last control op on this run in this session (a person's,
+            or a policy's with its reason), e.g. ``ok: stopped at step 16 by
+            SuccessiveHalving rung 0: ...``; the whole history is ``<output_dir>/ops.csv``.
+    """
+
+    name: str
+    knobs: dict[str, Any]
+    status: RunStatus
+    global_step: int
+    output_dir: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    last_op: str | None = None
+
+    @property
+    def final_dir(self) -> str:
+        return f"{self.output_dir}/final"
+
+
+def latest_metrics(log_history: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The latest value of each numeric key of a Trainer's ``log_history``."""
+    out: dict[str, float] = {}
+    for entry in log_history:
+        for k, v in entry.items():
+            if k in ("step", "epoch") or isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            out[k] = v
+    return out
+
+
+def _metric_value(metrics: dict[str, float], name: str) -> float | None:
+    for key in (name, f"eval_{name}"):
+        v = metrics.get(key)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            return float(v)
+    return None
+
+
+def pick_best(
+    runs: Sequence[RunResult],
+    metric: str | None = None,
+    greater_is_better: bool | None = None,
+) -> RunResult | None:
+    """The best run that has not failed or been deleted.
+
+    Args:
+        metric: ``metric_for_best_model``; default ``eval_loss`` if every candidate has one,
+            else the latest training ``loss``.
+        greater_is_better: default: ``False`` for names ending in ``loss``, else ``True``
+            (transformers' rule).
+    """
+    candidates = [r for r in runs if r.status not in (RunStatus.FAILED, RunStatus.DELETED)]
+    if not candidates:
+        return None
+    if metric is None:
+        has_eval = all(_metric_value(r.metrics, "eval_loss") is not None for r in candidates)
+        metric = "eval_loss" if has_eval else "loss"
+    if greater_is_better is None:
+        greater_is_better = not metric.endswith("loss")
+    scored = [(r, _metric_value(r.metrics, metric)) for r in candidates]
+    scored = [(r, v) for r, v in scored if v is not None]
+    if not scored:
+        return candidates[0]
+    sign = -1.0 if greater_is_better else 1.0
+    # Ties keep declaration order (min returns the first of equals).
+    return min(scored, key=lambda rv: sign * rv[1])[0]

@@ -1,0 +1,404 @@
+"""Base models shared by the runs that use them.
+
+Runs that train LoRA (any PEFT) adapters on the same base model share ONE loaded copy of it:
+the :class:`ModelPool` loads each distinct base model once and wraps it in one multi-adapter
+``PeftModel`` in which every run has an adapter of its own (PEFT's ``add_adapter``). Only the
+active adapter is in the model's module tree at all: the others are *detached* (their modules
+taken out of PEFT's per-adapter containers, the very objects kept), so everything that walks
+the model (the Trainer's ``model.train()``, ``zero_grad``, gradient clipping, parameter
+grouping, PEFT's state dicts, FLOP counting) walks the base model and one adapter, whatever
+the number of runs. A run trains exactly as it would on a model holding its adapter alone.
+
+Full fine-tuning runs of the same base model share one module object too; their weights are
+swapped in and out of it (:mod:`trl_rapidfire.runtime.residency`), starting from a copy of the
+pretrained weights kept in the state cache.
+
+Several distinct base models live within the device's memory: on a CUDA device, before a
+group computes, the least recently used other groups are offloaded to host memory until the
+group fits (:meth:`ModelPool.make_room`), and reloaded when their turn comes. Tensors move
+inside the existing parameter objects, so optimizers and the state cache stay valid.
+
+Adapter names are ``rf<index>``: PEFT and the Trainer look at parameter *names* (weight decay
+skips names containing ``bias`` or ``norm``), so a user's run name never becomes part of one.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import set_seed
+
+__all__ = [
+    "ModelGroup",
+    "ModelPool",
+    "adapter_name",
+    "adapter_params",
+    "choose_offloads",
+    "move_module",
+]
+
+
+def adapter_name(index: int) -> str:
+    """The PEFT adapter name of run ``index``."""
+    return f"rf{index}"
+
+
+def adapter_params(model: torch.nn.Module, adapter: str) -> list[torch.nn.Parameter]:
+    """The parameters that belong to ``adapter`` (LoRA A/B, DoRA magnitudes, modules to save,
+    trainable tokens), in module order."""
+    tag = f".{adapter}."
+    end = f".{adapter}"
+    return [p for n, p in model.named_parameters() if tag in n or n.endswith(end)]
+
+
+def move_module(module: torch.nn.Module, device: torch.device | str) -> None:
+    """Move every parameter and buffer of ``module`` to ``device`` in place: the parameter
+    objects stay the same (optimizers key their state by them)."""
+    device = torch.device(device)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.device != device:
+                p.data = p.data.to(device)
+        for m in module.modules():
+            for name, b in list(m.named_buffers(recurse=False)):
+                if b.device != device:
+                    setattr(m, name, b.to(device))  # a buffer stays registered as one
+
+
+def module_bytes(module: torch.nn.Module, device: torch.device | None = None, *,
+                 on: bool = True) -> int:
+    """Bytes of the module's parameters and buffers (with ``device``: only those on it, or,
+    with ``on=False``, only those elsewhere)."""
+    tensors = list(module.parameters()) + list(module.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors
+               if device is None or (t.device == device) == on)
+
+
+def choose_offloads(
+    resident: list[tuple[str, int]], need: int, free: int, reserve: int = 0
+) -> list[str]:
+    """Which resident groups to offload so that ``need`` bytes fit.
+
+    Args:
+        resident: ``(key, bytes on the device)`` of the other groups on the device, least
+            recently used first.
+        need: bytes the incoming group still has to bring onto the device.
+        free: bytes free on the device now.
+        reserve: bytes to keep free beyond ``need`` (activations, optimizer steps).
+
+    Returns the keys to offload, least recently used first: the fewest that make room, or all
+    of them when even that is not enough (the incoming group then gets the whole device).
+    """
+    out = []
+    for key, nbytes in resident:
+        if free >= need + reserve:
+            break
+        out.append(key)
+        free += nbytes
+    return out
+
+
+def _kwargs_key(kwargs: dict[str, Any]) -> str:
+    return json.dumps(kwargs, sort_keys=True, default=repr)
+
+
+@dataclass
+class ModelGroup:
+    """One loaded base model and the runs that train on it.
+
+    Attributes:
+        key: identifies the base model (path and load arguments, or the object passed in) and
+            the kind of training (``"peft:<type>"`` or ``"full"``).
+        base: the model as loaded (or as passed in).
+        model: what the runs' trainers get: the multi-adapter ``PeftModel`` for PEFT groups,
+            ``base`` itself for full fine-tuning.
+        runs: names of the runs in the group.
+        processing_class: the tokenizer/processor shared by the group's runs (or ``None``).
+    """
+
+    key: str
+    base: Any
+    model: Any
+    peft: bool
+    runs: list[str] = field(default_factory=list)
+    processing_class: Any = None
+    initial_weights: list[torch.Tensor] | None = None
+    # The first run's settings that its trainer applies to the shared model or tokenizer
+    # (run name, {field: value}): the group's later runs must agree with them.
+    settings: tuple[str, dict[str, Any]] | None = None
+    _tuner_layers: list[Any] | None = field(default=None, repr=False)
+    _aux_modules: list[Any] | None = field(default=None, repr=False)
+    # adapter -> (container, key, value) entries taken out of the tuner layers by detach()
+    _detached: dict[str, list[tuple[Any, str, Any]]] = field(default_factory=dict, repr=False)
+    # The adapters in the module tree now (after activate(): the active one alone, unless
+    # one cannot be detached); what activate() detaches, without looking at the other runs.
+    _attached: set[str] = field(default_factory=set, repr=False)
+    # adapter -> the parameters PEFT's set_adapter made trainable for it; and the adapter the
+    # last activate() left active (None: its invariant may not hold, e.g. after add_adapter)
+    _trainable: dict[str, list[torch.nn.Parameter]] = field(default_factory=dict, repr=False)
+    _active: str | None = field(default=None, repr=False)
+    _containers: list[tuple[Any, list[Any]]] | None = field(default=None, repr=False)
+
+    def activate(self, name: str) -> None:
+        """Make adapter ``name`` the active (and only trainable) one.
+
+        Does what ``PeftModel.set_adapter`` does, on lists of the adapter layers found once
+        instead of walking every module of the model at every switch (1 ms per switch on the
+        tiny test model, far more on a real one). A detached adapter is attached first, and
+        every other adapter is detached after (see :meth:`detach`): the model then holds the
+        base weights and this adapter only.
+        """
+        model = self.model
+        if model.peft_config[name].is_prompt_learning:
+            model.set_adapter(name)
+            return
+        self.attach(name)
+        self._find_layers()
+        prev, self._active = self._active, None
+        model.active_adapter = name
+        if (prev is not None and prev != name and not self._aux_modules
+                and prev in self._trainable):
+            # Only two adapters change trainability: toggling theirs is what set_adapter's
+            # walk over every adapter of every layer ends with (9 ms a switch at a 135M
+            # model's shape with 8 adapters, against well under 1 ms). An adapter's first
+            # activation too: set_adapter makes every parameter of its modules trainable.
+            if name not in self._trainable:
+                self._trainable[name] = self._adapter_modules_params(name)
+            for p in self._trainable[prev]:
+                p.requires_grad_(False)
+            for p in self._trainable[name]:
+                p.requires_grad_(True)
+            for layer in self._tuner_layers:
+                if layer.merged:
+                    layer.unmerge()
+                layer._active_adapter = [name]  # what set_adapter sets last
+        else:
+            for module in self._aux_modules:
+                target = module.check_set_adapter(name)
+                module.set_adapter(target if target in module._adapters else [])
+            for layer in self._tuner_layers:
+                if layer.merged:
+                    layer.unmerge()
+                layer.set_adapter(name)
+            self._trainable[name] = self._made_trainable(name)
+        model.base_model.active_adapter = name
+        self._active = name
+        for other in list(self._attached - {name}):
+            self.detach(other)
+
+    def _made_trainable(self, name: str) -> list[torch.nn.Parameter]:
+        return [p for p in self._adapter_modules_params(name) if p.requires_grad]
+
+    def _adapter_modules_params(self, name: str) -> list[torch.nn.Parameter]:
+        """The parameters of adapter ``name``'s modules in the tuner layers (what PEFT's
+        ``set_adapter(name)`` makes trainable)."""
+        out = []
+        for layer in self._tuner_layers:
+            for attr in layer.adapter_layer_names:
+                container = getattr(layer, attr, None)
+                if container is not None and name in container:
+                    value = container[name]
+                    out.extend([value] if isinstance(value, torch.Tensor) else value.parameters())
+        return out
+
+    def _forget_layers(self) -> None:
+        self._tuner_layers = self._aux_modules = self._containers = None
+        self._trainable, self._active = {}, None
+
+    def _find_layers(self) -> None:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+        from peft.utils.other import AuxiliaryTrainingWrapper
+
+        if self._tuner_layers is None:
+            modules = list(self.model.modules())
+            self._tuner_layers = [m for m in modules if isinstance(m, BaseTunerLayer)]
+            self._aux_modules = [m for m in modules if isinstance(m, AuxiliaryTrainingWrapper)]
+            # Each layer's per-adapter containers, found once: detaching and attaching at every
+            # switch then costs a membership test per container, not an attribute lookup
+            # through torch's Module.__getattr__ (half of a switch's time on the tiny model).
+            kinds = (dict, torch.nn.ModuleDict, torch.nn.ParameterDict)
+            self._containers = [
+                (layer, [c for attr in (*layer.adapter_layer_names, *layer.other_param_names)
+                         if isinstance(c := getattr(layer, attr, None), kinds)])
+                for layer in self._tuner_layers]
+
+    def detach(self, name: str) -> bool:
+        """Take adapter ``name``'s modules out of the model, keeping the very objects.
+
+        Every run but the active one is detached between its turns (:meth:`activate` does
+        it): it keeps its parameter objects, so its optimizer and parked state stay valid, but
+        the model no longer walks them. The Trainer calls ``model.train()``, ``zero_grad()``
+        and gradient clipping over every module and parameter at every step, builds its
+        optimizer's parameter groups from a walk over every module, and PEFT's state dicts
+        walk the whole model: with every run's adapter attached each of these grew with the
+        number of runs (a step at 128 runs cost 5.75x a step at 8 on the tiny model).
+        :meth:`attach` puts the modules back as they were.
+        Returns whether the adapter was detached (not the active one, not prompt learning,
+        no ``modules_to_save``/trainable-token wrappers, which keep per-adapter copies).
+        """
+        model = self.model
+        if (not self.peft or name in self._detached or name not in model.peft_config
+                or name == model.active_adapter or model.peft_config[name].is_prompt_learning):
+            return False
+        if self._needs_attached(name):
+            return False
+        taken = []
+        for layer, containers in self._containers:
+            if name in layer.active_adapters:
+                return self._put_back(taken)
+            for container in containers:
+                if name in container:
+                    taken.append((container, name, container[name]))
+                    del container[name]
+        self._detached[name] = taken
+        self._attached.discard(name)
+        return True
+
+    def _needs_attached(self, name: str) -> bool:
+        """Adapters that stay in the module tree: ``modules_to_save`` and trainable-token
+        wrappers keep per-adapter copies of base modules, which detaching would not cover."""
+        self._find_layers()
+        return any(name in getattr(m, "_adapters", ()) for m in self._aux_modules)
+
+    def attach(self, name: str) -> None:
+        """Put a detached adapter's modules back (no-op if it is in the model)."""
+        if name in self._detached:
+            self._put_back(self._detached.pop(name))
+            self._attached.add(name)
+
+    @property
+    def attached(self) -> frozenset[str]:
+        """The adapters in the model's module tree now (the others are detached)."""
+        return frozenset(self._attached)
+
+    @staticmethod
+    def _put_back(taken: list[tuple[Any, str, Any]]) -> bool:
+        for container, key, value in taken:
+            if type(container) is torch.nn.ModuleDict:
+                # The very module taken out goes back where it was: what ModuleDict's
+                # __setitem__ ends with, without its checks of a new name and module
+                # (a third of a switch's time on the tiny model).
+                container._modules[key] = value
+            else:
+                container[key] = value
+        return False
+
+    def delete_adapter(self, name: str) -> None:
+        """Remove run adapter ``name`` from the model (a run whose build failed half-way)."""
+        peft_config = getattr(self.model, "peft_config", None)
+        if isinstance(peft_config, dict) and name in peft_config:
+            self.attach(name)  # PEFT deletes what is in the module tree
+            self.model.delete_adapter(name)
+            self._attached.discard(name)
+            self._forget_layers()
+
+    def add_adapter(self, name: str, peft_config: Any, seed: int) -> list[torch.nn.Parameter]:
+        """Add run adapter ``name`` initialised exactly as ``SFTTrainer`` would initialise it
+        (``set_seed(seed)`` right before PEFT creates it). Returns its parameters."""
+        from peft import PeftModel, get_peft_model
+
+        config = copy.deepcopy(peft_config)
+        self._forget_layers()  # new target modules may appear, PEFT marks what it trains
+        set_seed(seed)
+        if isinstance(self.model, PeftModel):
+            self.model.add_adapter(name, config)
+        else:
+            with warnings.catch_warnings():
+                # PEFT reads the model's is_gradient_checkpointing, an alias transformers 5
+                # deprecates: its FutureWarning is about PEFT's code, not the user's (PEFT
+                # 0.21), so it is kept from the user; nothing else is.
+                warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated",
+                                        FutureWarning, "transformers")
+                self.model = get_peft_model(self.base, config, adapter_name=name)
+        self._attached.add(name)
+        return adapter_params(self.model, name)
+
+
+class ModelPool:
+    """Loads each distinct base model once and groups the runs that share it.
+
+    Attributes:
+        loads: how many times each model key was loaded from a path (tests assert 1).
+    """
+
+    def __init__(self, reserve_fraction: float = 0.2) -> None:
+        self.groups: dict[str, ModelGroup] = {}
+        self.loads: Counter[str] = Counter()
+        self.offloads: Counter[str] = Counter()
+        self.reserve_fraction = reserve_fraction
+        self._objects: dict[int, Any] = {}
+        self._lru: list[str] = []  # group keys, least recently used first
+
+    def make_room(self, group: ModelGroup, device: torch.device | str) -> None:
+        """Before ``group`` computes on ``device``: on a CUDA device, offload least recently
+        used other groups to host memory until it fits, then bring it onto the device. On the
+        CPU every group is already where it computes: nothing moves."""
+        device = torch.device(device)
+        if group.key in self._lru:
+            self._lru.remove(group.key)
+        self._lru.append(group.key)
+        if device.type != "cuda":
+            return
+        need = module_bytes(group.model, device, on=False)
+        if need == 0:
+            return
+        free, total = torch.cuda.mem_get_info(device)
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        resident = []
+        for key in self._lru[:-1]:
+            other = self.groups[key]
+            on_device = module_bytes(other.model, device)
+            if on_device:
+                resident.append((key, on_device))
+        for key in choose_offloads(resident, need, free, int(self.reserve_fraction * total)):
+            move_module(self.groups[key].model, "cpu")
+            self.offloads[key] += 1
+        torch.cuda.empty_cache()
+        move_module(group.model, device)
+
+    def group(
+        self,
+        model: Any,
+        *,
+        peft_config: Any,
+        model_init_kwargs: dict[str, Any] | None,
+        trust_remote_code: bool = False,
+    ) -> ModelGroup:
+        """The group for runs of ``model`` (a path/name or a model object) trained with
+        ``peft_config`` (``None``: full fine-tuning), loading the model if it is new."""
+        if isinstance(model, str):
+            init_kwargs = dict(model_init_kwargs or {})
+            init_kwargs.setdefault("trust_remote_code", trust_remote_code)
+            source = f"path:{model}:{_kwargs_key(init_kwargs)}"
+        else:
+            init_kwargs = None
+            self._objects[id(model)] = model  # keep it alive so the id stays unique
+            source = f"object:{id(model)}"
+        kind = f"peft:{peft_config.peft_type}" if peft_config is not None else "full"
+        key = f"{source}|{kind}"
+        if key in self.groups:
+            return self.groups[key]
+
+        if isinstance(model, str):
+            base = self._load(model, init_kwargs or {}, source)
+        elif any(g.key.startswith(source + "|") for g in self.groups.values()):
+            # The object already backs another kind of training (adapters were injected into
+            # it, or its weights are being fine-tuned): this kind gets its own copy.
+            base = copy.deepcopy(model)
+        else:
+            base = model
+        group = ModelGroup(key=key, base=base, model=base, peft=peft_config is not None)
+        self.groups[key] = group
+        return group
+
+    def _load(self, model_id: str, init_kwargs: dict[str, Any], source: str) -> Any:
+        from trl.trainer.utils import create_model_from_path
+
+        self.loads[source] += 1
+        return create_model_from_path(model_id, **init_kwargs)

@@ -1,0 +1,209 @@
+"""Where each run's last chunk boundary lives on disk, written so a crash never leaves half of it.
+
+At a chunk boundary (as often as ``checkpoint_every`` says, see :mod:`trl_rapidfire.config.cadence`)
+a run writes an ordinary Hugging Face checkpoint (adapter or model
+weights, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``, ``trainer_state.json``) into
+``<output_dir>/.rapidfire/checkpoints/<run>/checkpoint-<step>``. The Trainer writes a checkpoint
+folder in place, file by file; a process killed half-way would leave a folder that looks like a
+checkpoint and is not one. So the folder is written under a temporary name and renamed when
+complete: a ``checkpoint-<step>`` folder exists only if every file in it was written. Older
+boundaries of the run are removed once the new one is in place.
+
+Resuming is the Trainer's own ``train(resume_from_checkpoint=...)``: weights, optimizer, LR
+schedule, RNG streams, the data position and the log history all come back as the Trainer
+itself restores them.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .atomic_folders import fsync_file as _fsync_file
+from .atomic_folders import replace_folder
+
+__all__ = [
+    "checkpoint_at",
+    "latest_checkpoint",
+    "prune_checkpoints",
+    "run_state_from_checkpoint",
+    "commit_folder",
+    "start_folder",
+    "write_atomically",
+]
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def start_folder(target: str | os.PathLike) -> Path:
+    """A fresh temporary folder beside ``target`` to write it in (see :func:`commit_folder`)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def commit_folder(tmp: Path, target: str | os.PathLike) -> Path:
+    """Make the folder written in ``tmp`` appear as ``target``, whole (replacing one left by an
+    earlier attempt). Returns ``target``."""
+    target = Path(target)
+    # The rename is what makes the folder visible; its files must be on disk before it, or a
+    # power cut could leave a complete-looking folder of empty files.
+    for path in tmp.rglob("*"):
+        if path.is_file():
+            _fsync_file(path)
+    replace_folder(tmp, target)
+    # Attempts of processes killed while writing this folder (a kill during a run's final
+    # save leaves .tmp-final-<pid>): the folder is whole now, they are of no use.
+    for stale in target.parent.glob(f".tmp-{glob.escape(target.name)}-*"):
+        if stale != tmp and stale.name.rsplit("-", 1)[-1] != str(os.getpid()):
+            shutil.rmtree(stale, ignore_errors=True)
+    return target
+
+
+def write_atomically(target: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Let ``write`` fill a temporary folder beside ``target``, then rename it to ``target``.
+
+    A ``target`` left by an earlier attempt is replaced. Returns ``target``.
+    """
+    tmp = start_folder(target)
+    try:
+        write(tmp)
+        return commit_folder(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def link_folder(source: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """A copy of the folder ``source`` at ``target``, made of hard links where the file
+    system allows (checkpoint files are written once and never changed in place, so a link is
+    as good as a copy and costs nothing), written atomically."""
+
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    return write_atomically(target, lambda tmp: shutil.copytree(
+        source, tmp, copy_function=link_or_copy, dirs_exist_ok=True))
+
+
+def write_atomically_together(target: str | os.PathLike,
+                              write: Callable[[Path], None]) -> Path:
+    """:func:`write_atomically` for the workers of a gang (one distributed job): each writes
+    its part (its random streams, its shard) into one shared temporary folder, and the first
+    renames it to ``target`` once every member is done. Every member must call it."""
+    import torch.distributed as dist
+
+    target = Path(target)
+    tmp = target.with_name(f".gang-{target.name}")
+    first = dist.get_rank() == 0
+    if first:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    dist.barrier()
+    write(tmp)
+    dist.barrier()
+    if first:
+        commit_folder(tmp, target)
+    dist.barrier()
+    return target
+
+
+def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = _CHECKPOINT.match(path.name)
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
+    """The complete checkpoint with the highest step in ``folder``, or ``None``."""
+    found = _checkpoints(Path(folder))
+    return found[-1][1] if found else None
+
+
+def checkpoint_at(folder: str | os.PathLike, step: int) -> Path | None:
+    """The complete checkpoint of ``step`` in ``folder``, or ``None``."""
+    path = Path(folder) / f"checkpoint-{step}"
+    return path if path.is_dir() else None
+
+
+def prune_checkpoints(folder: str | os.PathLike, keep: Collection[Path]) -> None:
+    """Remove every checkpoint in ``folder`` but those in ``keep`` (and leftovers of failed
+    writes)."""
+    folder = Path(folder)
+    for _, path in _checkpoints(folder):
+        if path not in keep:
+            shutil.rmtree(path, ignore_errors=True)
+    for path in folder.glob(".tmp-checkpoint-*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid != str(os.getpid()):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def run_state_from_checkpoint(
+    checkpoint: Path,
+    named_params: Sequence[tuple[str, torch.nn.Parameter]],
+    adapter: str | None,
+    decay: Collection[str],
+) -> tuple[list[torch.Tensor], list[dict[str, Any] | None]]:
+    """A run's parameter values and per-parameter optimizer states, read from its checkpoint.
+
+    ``named_params`` are the run's own parameters as the model names them, in model order;
+    ``adapter`` its adapter name (PEFT saves adapter weights without it); ``decay`` the names
+    the Trainer puts in its weight-decay group. The Trainer numbers optimizer state in the
+    order of its groups (decay, then no decay), each in model order, over the parameters that
+    were trainable: the run's own. Raises ``LookupError`` when the files do not match.
+    """
+    from safetensors.torch import load_file
+
+    for name in ("adapter_model.safetensors", "model.safetensors"):
+        if (checkpoint / name).is_file():
+            tensors = load_file(checkpoint / name)
+            break
+    else:
+        raise LookupError(f"no weights in {checkpoint}")
+    values = []
+    for name, _ in named_params:
+        key = name.replace(f".{adapter}", "") if adapter else name
+        if key not in tensors:
+            raise LookupError(f"{key} is not in {checkpoint}")
+        values.append(tensors[key])
+    if not (checkpoint / "optimizer.pt").is_file():
+        raise LookupError(f"no optimizer state in {checkpoint}")
+    saved = torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=True)
+    numbered = [i for g in saved["param_groups"] for i in g["params"]]
+    order = [i for i, (n, _) in enumerate(named_params) if n in decay]
+    order += [i for i, (n, _) in enumerate(named_params) if n not in decay]
+    if len(numbered) != len(order):
+        raise LookupError(f"{checkpoint}: optimizer state for {len(numbered)} parameters, "
+                          f"the run has {len(order)}")
+    states: list[dict[str, Any] | None] = [None] * len(named_params)
+    for position, number in zip(order, numbered):
+        state = saved["state"].get(number)
+        if state is not None:
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != tuple(
+                    values[position].shape
+                ):
+                    raise LookupError(f"{checkpoint}: optimizer state of "
+                                      f"{named_params[position][0]} has another shape")
+            states[position] = dict(state)
+    return values, states

@@ -1,0 +1,103 @@
+"""The names trl-rapidfire gives MLflow: the tags of its runs and where its store is.
+
+What every reader of a store needs (the CLI, :mod:`.experiments`, :mod:`.experiment_data`)
+without the writer (:mod:`.tracking`) or MLflow itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+
+from ..storage.layout import Layout
+from ..storage.own_files import read_json, write_atomic
+
+__all__ = [
+    "EXPERIMENT_TAG",
+    "HEARTBEAT_INTERVAL",
+    "HEARTBEAT_STALE",
+    "HEARTBEAT_TAG",
+    "OP_RESULT_TAG",
+    "OP_SEQ_TAG",
+    "OP_TAG",
+    "PROGRESS_TAG",
+    "ROLE_TAG",
+    "RUN_TAG",
+    "STATUS_TAG",
+    "check_uri_across_machines",
+    "experiment_id_for",
+    "read_experiment_id",
+    "resolve_tracking_uri",
+]
+
+OP_TAG = "rapidfire.op"
+OP_RESULT_TAG = "rapidfire.op.result"
+# How many ops set as tags on this run were answered: a person (or a test) tells their op's
+# answer from an earlier one with the same text by this count going up by one.
+OP_SEQ_TAG = "rapidfire.op.seq"
+RUN_TAG = "rapidfire.run"
+EXPERIMENT_TAG = "rapidfire.experiment"
+STATUS_TAG = "rapidfire.status"
+PROGRESS_TAG = "rapidfire.progress"
+ROLE_TAG = "rapidfire.role"
+# On the experiment's parent run: the time (Unix seconds) the training process last said it
+# was alive. The CLI sends ops to the experiment that is training by it; a process killed
+# outright (SIGKILL, a lost machine) leaves the parent "running" with a heartbeat that ages.
+HEARTBEAT_TAG = "rapidfire.heartbeat"
+HEARTBEAT_INTERVAL = 10.0
+# Older than this, a heartbeat is a dead experiment's. Generous: the tracking thread pauses
+# while the engine switches runs (loading a large model can take a minute).
+HEARTBEAT_STALE = 180.0
+
+
+def read_experiment_id(path: str | os.PathLike) -> str:
+    """The experiment's id in its marker file ``path`` (``.rapidfire/experiment.json``).
+
+    Raises:
+        FileNotFoundError: there is no marker.
+        ValueError: the file is damaged, a link, or holds no id. The id is hex, nothing else:
+            it goes into MLflow search filters, where other text could change the query.
+    """
+    doc = read_json(path, max_depth=2)
+    value = doc.get("id") if isinstance(doc, dict) else None
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{8,64}", value):
+        raise ValueError(f"{path} holds {value!r}, not an experiment id (hex)")
+    return value
+
+
+def experiment_id_for(output_dir: str | os.PathLike) -> str:
+    """The experiment's id, created once and kept in ``<output_dir>/.rapidfire/``."""
+    path = Layout(output_dir).experiment_marker
+    if not os.path.lexists(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"id": uuid.uuid4().hex}))
+    return read_experiment_id(path)
+
+
+def resolve_tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def check_uri_across_machines(uri: str, machines: int) -> None:
+    """Refuse a tracking store that writers on several machines would corrupt: a sqlite
+    database or a file store on a shared filesystem (their locks do not hold across machines
+    on NFS and similar). Raises ``RFConfigError`` naming the fix; nothing when ``machines`` is
+    1 or the store is a server."""
+    if machines <= 1:
+        return
+    scheme = uri.split(":", 1)[0].lower() if "://" in uri else "file"
+    if scheme not in ("sqlite", "file"):
+        return
+    from ..config.errors import RFConfigError
+
+    raise RFConfigError(
+        f"report_to='mlflow' with the tracking store {uri!r} under a launch over {machines} "
+        "machines: a sqlite or file store written from several machines is not safe. Start a "
+        "tracking server on one machine (`mlflow server --backend-store-uri sqlite:///"
+        "mlflow.db --host 0.0.0.0 --port 5000`) "
+        "and set MLFLOW_TRACKING_URI=http://<that host>:5000 for every machine; or drop "
+        "'mlflow' from report_to.")
