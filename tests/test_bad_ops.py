@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.control.ops import OpError, parse_op
+from trl_rapidfire.control.ops import OpError, parse_op, resolve_overrides
 from trl_rapidfire.shared_state.runs import RunStatus
 from trl_rapidfire.testing import (
     cpu_training_kwargs,
@@ -45,6 +45,14 @@ BAD_OPS = [
     ("run-0", 'clone {"reward_funcs": {"candidate": 0}}', "unknown knob 'reward_funcs'"),
     ("run-0", 'clone {"model": {"candidate": 0}}', "not a List knob"),
 ]
+
+
+def test_a_clone_changes_no_experiment_wide_field():
+    from trl_rapidfire.config.fields import CLONE_KEEPS
+
+    for field in sorted(CLONE_KEEPS):
+        with pytest.raises(OpError, match=f"'{field}' describes the whole experiment"):
+            resolve_overrides({field: None}, {}, {}, {}, {})
 
 
 @pytest.mark.parametrize("text", ["", "pause", "stop now", "clone {", "clone 3", None, 5])

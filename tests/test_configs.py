@@ -132,6 +132,21 @@ def test_experiment_fields_cannot_be_knobs(cpu, field):
         RFSFTConfig(**kwargs)
 
 
+# One value of each experiment-wide field that would be valid alone.
+_WIDE_VALUES = {"output_dir": ["a", "b"], "num_chunks": [2, 4], "cache_budget_bytes": [0, 1 << 20],
+                "clone_overrides": [["learning_rate"], ["weight_decay"]],
+                "checkpoint_every": ["chunk", 60]}
+
+
+def test_every_experiment_wide_field_of_the_one_table_is_refused_as_a_knob(cpu):
+    from trl_rapidfire.config.fields import EXPERIMENT_WIDE
+
+    assert set(_WIDE_VALUES) == EXPERIMENT_WIDE  # a field added to the table is tested here
+    for field, values in _WIDE_VALUES.items():
+        with pytest.raises(RFConfigError, match=f"`{field}`.*cannot be a knob"):
+            RFSFTConfig(**{**cpu, field: List(values)})
+
+
 @pytest.mark.parametrize("field", ["lr_scheduler_type", "packing", "bf16"])
 def test_range_on_a_non_numeric_field_is_an_error(cpu, field):
     with pytest.raises(RFConfigError, match=f"{field}.*List"):

@@ -442,15 +442,13 @@ def test_configs_built_between_chunks_do_not_disturb_live_runs(model_path, tmp_p
         train_dataset=data,
         peft_config=tiny_lora_config(r=4),
     )
-    switch_in = rf.engine._switch_in
     built = []
 
-    def build_a_config_then_switch(slot):
+    def build_a_config_before_the_switch(slot):
         # No guard on purpose: the worst a later clone or tool could do between two chunks.
         built.append(SFTConfig(output_dir=str(tmp_path / "unused"), **cpu_training_kwargs()))
-        switch_in(slot)
 
-    monkeypatch.setattr(rf.engine, "_switch_in", build_a_config_then_switch)
+    rf.engine.hooks.before_switch_in = build_a_config_before_the_switch
     rf.train()
     assert len(built) >= 8
     assert all(r.status == RunStatus.COMPLETED for r in rf.runs)

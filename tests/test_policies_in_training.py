@@ -62,7 +62,6 @@ def test_successive_halving_stops_the_worse_half_at_each_rung_with_reasons(tmp_p
 def test_a_persons_op_on_a_run_wins_over_the_policys(tmp_path):
     rf = _trainer(tmp_path / "exp", None, lrs=(1e-4, 3e-3))
     engine = rf.engine
-    original = engine._ops_pending
     done = {"queued": False}
 
     def both_ops_at_one_boundary():
@@ -70,9 +69,8 @@ def test_a_persons_op_on_a_run_wins_over_the_policys(tmp_path):
             engine.queue_op("run-1", "stop", source="policy:Test", reason="because")
             rf.delete("run-1")
             done["queued"] = True
-        return original()
 
-    engine._ops_pending = both_ops_at_one_boundary
+    engine.hooks.at_boundary = both_ops_at_one_boundary
     rf.train()
     log = [(o.source, o.run, o.op, o.result) for o in rf.op_log]
     assert log == [("policy:Test", "run-1", "stop", "skipped: a person's op on this run wins"),

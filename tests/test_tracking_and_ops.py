@@ -187,16 +187,14 @@ def test_warm_clone_mid_flight_copies_the_adapter_at_the_boundary(model_path, tm
     _Snapshot.seen.clear()
     rf = _trainer(model_path, tmp_path / "exp", save_strategy="chunk", callbacks=[_Snapshot()])
     engine = rf.engine
-    original = engine._ops_pending  # asked at every chunk boundary
     state = {"queued": False}
 
-    def queue_after_first_chunk_of_run_0():
+    def queue_after_first_chunk_of_run_0():  # at every chunk boundary
         if not state["queued"] and engine.slots["run-0"].state.chunks_done == 1:
             rf.clone("run-0", {"learning_rate": 2e-4}, warm=True)
             state["queued"] = True
-        return original()
 
-    engine._ops_pending = queue_after_first_chunk_of_run_0
+    engine.hooks.at_boundary = queue_after_first_chunk_of_run_0
     rf.train()
     start = _Snapshot.seen[str(tmp_path / "exp" / "runs" / "run-2")]
     ckpt = _adapter(tmp_path / "exp/runs/run-0/checkpoint-2")

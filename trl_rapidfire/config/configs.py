@@ -30,6 +30,7 @@ from ..runtime.accelerate_state import preserved_accelerate_state
 from ..runtime.workers import detach_from_launch
 from .cadence import parse_cadence
 from .errors import RFConfigError
+from .fields import CHUNK, EXPERIMENT_WIDE, RF_ONLY
 from .fsdp import gang_config, is_gang_config, normalize_fsdp_config, validating_world
 from .knobs import Knob, List, Range, is_knob, knob_from_json
 from .preflight import PreflightError, check_field_values, scalar_kind
@@ -48,12 +49,6 @@ __all__ = [
     "normalize_fsdp_config",
 ]
 
-CHUNK = "chunk"
-"""The trl-rapidfire value of ``eval_strategy``/``save_strategy``: act at every chunk end."""
-
-# Fields that describe the experiment, not one run: a knob here would make no sense.
-_NOT_KNOBS = frozenset({"output_dir", "num_chunks", "cache_budget_bytes", "clone_overrides",
-                        "checkpoint_every"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,10 +161,7 @@ class RFConfigMixin:
     # The TRL class each run's concrete config is an instance of.
     trl_config_class: ClassVar[type]
     _removed_options: ClassVar[dict[str, Removed]] = {}
-    _rf_only_fields: ClassVar[frozenset[str]] = frozenset(
-        {"num_chunks", "warmup_ratio", "cache_budget_bytes", "clone_overrides",
-         "checkpoint_every"}
-    )
+    _rf_only_fields: ClassVar[frozenset[str]] = RF_ONLY
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -257,7 +249,7 @@ class RFConfigMixin:
                 if parsed is not None:
                     value = raw[name] = parsed
             if is_knob(value):
-                if name in _NOT_KNOBS:
+                if name in EXPERIMENT_WIDE:
                     raise RFConfigError(
                         f"`{name}` describes the whole experiment and cannot be a knob; "
                         "give one value."

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import functools
 import json
 import os
@@ -34,6 +35,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.fields import CLONE_KEEPS
 from ..config.knobs import List, is_knob
 from ..storage.csv_logs import append_row
 from ..storage.names import UntrustedValue
@@ -43,7 +45,11 @@ from .trust import check_tag_override
 __all__ = [
     "Op",
     "OpError",
+    "OpOrigin",
+    "OpOutcome",
     "OpRecord",
+    "OpResult",
+    "OpSource",
     "VERBS",
     "append_op_row",
     "parse_op",
@@ -51,8 +57,6 @@ __all__ = [
 ]
 
 VERBS = ("stop", "resume", "delete", "clone", "clone-warm")
-_EXPERIMENT_WIDE = frozenset({"output_dir", "num_chunks", "cache_budget_bytes", "report_to",
-                              "checkpoint_every"})
 # An override's value is a number, a name, a list of names or a mapping of numbers (3 levels
 # with the overrides' own object); a little room beyond that, nothing like a parser's limit.
 _OP_DEPTH = 8
@@ -82,6 +86,70 @@ class Op:
         if self.is_clone:
             return f"{self.verb} {json.dumps(dict(self.overrides), sort_keys=True)}"
         return self.verb
+
+
+class OpOrigin(enum.Enum):
+    """Who sent an op."""
+
+    PYTHON = "python"  # the script's own calls: the author's, not restricted
+    TAG = "tag"  # a run tag (the MLflow UI; the CLI on a tracked experiment)
+    CLI = "cli"  # an op file the CLI left in an untracked experiment's inbox
+    POLICY = "policy"  # the experiment's policy: the author's, but a person's op wins
+
+
+@dataclass(frozen=True)
+class OpSource:
+    """Where an op came from; as text (``ops.csv``, tags): ``python``, ``tag``, ``cli`` or
+    ``policy:<Name>``."""
+
+    origin: OpOrigin
+    policy: str | None = None  # the deciding policy's name (POLICY only)
+
+    @classmethod
+    def from_text(cls, text: str) -> OpSource:
+        origin, _, name = text.partition(":")
+        try:
+            kind = OpOrigin(origin)
+        except ValueError:
+            raise ValueError(f"unknown op source {text!r}: python, tag, cli or "
+                             "policy:<Name>") from None
+        if (kind is OpOrigin.POLICY) != bool(name):
+            raise ValueError(f"op source {text!r}: only a policy's source names it "
+                             "(policy:<Name>)")
+        return cls(kind, name or None)
+
+    @property
+    def outside(self) -> bool:
+        """Text anyone with access to the tracking server or the folder may write: held to
+        hyperparameters only."""
+        return self.origin in (OpOrigin.TAG, OpOrigin.CLI)
+
+    @property
+    def automatic(self) -> bool:
+        return self.origin is OpOrigin.POLICY
+
+    def __str__(self) -> str:
+        return f"policy:{self.policy}" if self.automatic else self.origin.value
+
+
+class OpOutcome(enum.Enum):
+    """How an op ended."""
+
+    OK = "ok"
+    ERROR = "error"
+    SKIPPED = "skipped"  # a policy's op when a person's op on the run came at that boundary
+
+
+@dataclass(frozen=True)
+class OpResult:
+    """An op's answer; as text (``ops.csv``, the ``rapidfire.op.result`` tag):
+    ``<outcome>: <detail>``."""
+
+    outcome: OpOutcome
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.outcome.value}: {self.detail}"
 
 
 def parse_op(text: Any) -> Op:
@@ -147,7 +215,7 @@ def resolve_overrides(
     out: dict[str, Any] = {}
     for key, value in overrides.items():
         name, _, attr = key.partition(".")
-        if name in _EXPERIMENT_WIDE:
+        if name in CLONE_KEEPS:
             raise OpError(f"{name!r} describes the whole experiment; a clone cannot change it")
         if name in parent_knobs:
             current = parent_knobs[name]

@@ -84,7 +84,7 @@ def register_failed(
         run_dir=Path(run_dir), finished=True,
     )
     slot.record_error(error)
-    slot.state.fail(slot.error)
+    slot.state.fail(slot.failure)
     slots[name] = slot
     warnings.warn(f"{name} failed before training: {slot.error}", RuntimeWarning,
                   stacklevel=stacklevel)

@@ -146,9 +146,10 @@ class Clones:
 
     def _state_on_disk(self, slot: RunSlot) -> tuple[list[torch.Tensor], list[Any]]:
         ckpt = self.last_checkpoint(slot)
-        model = slot.group.model
+        group = slot.model_group()
+        model = group.model
         if slot.adapter is not None:
-            slot.group.attach(slot.adapter)  # its parameters' names are read from the model
+            group.attach(slot.adapter)  # its parameters' names are read from the model
         own = {id(p) for p in slot.residency.params}
         named = [(n, p) for n, p in model.named_parameters() if id(p) in own]
         decay = set(slot.trainer.get_decay_parameter_names(model))

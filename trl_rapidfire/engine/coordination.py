@@ -21,8 +21,8 @@ from typing import Any
 from ..runtime.workers import WorkerInfo
 from ..shared_state.run_queue import RunQueue
 from ..shared_state.runs import RunState, RunStatus
-from ..shared_state.state_file import FileStore
 from ..shared_state.store import (
+    StateStore,
     claim_next,
     expire,
     fail_claimed,
@@ -60,7 +60,7 @@ class Coordinator:
     """
 
     def __init__(
-        self, *, store: FileStore, worker: WorkerInfo, slots: dict[str, RunSlot],
+        self, *, store: StateStore, worker: WorkerInfo, slots: dict[str, RunSlot],
         forget: Callable[[RunSlot], None], clock: WallClock, fault: FaultNote,
         schedule_path: Path, lease_seconds: float,
     ) -> None:
@@ -230,7 +230,8 @@ class Coordinator:
             if not clones and not held and writing:
                 # A run whose checkpoint is still being written stays claimed by this worker;
                 # if it is the one to train next, wait for its write instead of moving on.
-                write = writing.get(self._choose(st, self.worker.id, finishing=writing))
+                chosen = self._choose(st, self.worker.id, finishing=writing)
+                write = writing.get(chosen) if chosen is not None else None
             if not clones and not held and write is None:
                 claimed = claim_next(st, self.worker.id, now=time.time(),
                                      lease_seconds=self.lease_seconds, pick=self._choose)
@@ -240,15 +241,17 @@ class Coordinator:
             # held by other workers may be handed over.
             waiting = st.live_claims() or st.searching or self.worker.id in st.idle
             self.sync(st)
-        done = {"recorded": tuple(finished), "handoff": handed}
+        recorded = tuple(finished)
         if clones:  # made by another worker: build them here too
-            return Retry(clones=clones, **done)
+            return Retry(recorded=recorded, handoff=handed, clones=clones)
         if write is not None:
-            return Retry(write=write, **done)
+            return Retry(recorded=recorded, handoff=handed, write=write)
         if claimed is not None:
             self._claimed = claimed
-            return Turn(self.slots[claimed[0]], claimed[1], **done)
-        return Wait(**done) if waiting or held else Done(**done)
+            return Turn(self.slots[claimed[0]], claimed[1], recorded=recorded, handoff=handed)
+        if waiting or held:
+            return Wait(recorded=recorded, handoff=handed)
+        return Done(recorded=recorded, handoff=handed)
 
     def turn_over(self) -> None:
         """The claimed chunk's turn is over: recorded, released or failed from here on."""
@@ -271,7 +274,7 @@ class Coordinator:
     def fail(self, slot: RunSlot) -> None:
         """Record in the shared state that ``slot`` failed (its turn ends: see the caller)."""
         with self._transaction() as st:
-            fail_claimed(st, slot.name, self.worker.id, slot.error)
+            fail_claimed(st, slot.name, self.worker.id, slot.failure)
             self.sync(st)
 
     # ------------------------------------------------------------------ finished chunks
@@ -312,6 +315,7 @@ class Coordinator:
             except BaseException as exc:  # noqa: BLE001 - raised in the loop, not lost here
                 outcome = ("raised", exc)
             entry.outcome = outcome
+            assert entry.committed is not None  # only an entry with a write is committed here
             entry.committed.set_result(None)
 
     def _store_record(self, st: Any, entry: PendingChunk, error: BaseException | None

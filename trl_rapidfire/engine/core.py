@@ -19,6 +19,7 @@ from typing import Any
 
 from ..config.cadence import DEFAULT_CADENCE, CheckpointCadence
 from ..control.folder_control import mark_alive, mark_ended
+from ..control.ops import OpRecord, OpSource
 from ..control.policies import Policy
 from ..reports.progress import ExperimentProgress
 from ..reports.results import RunResult
@@ -28,22 +29,22 @@ from ..runtime.switch import RunCoroutine
 from ..runtime.workers import WorkerInfo, current_worker
 from ..shared_state.runs import RunStatus
 from ..shared_state.state_file import FileStore
-from ..shared_state.store import is_proposal
+from ..shared_state.store import StateStore, is_proposal
 from ..storage.faults import ExperimentFault, disk_fault, fault_message
 from ..storage.layout import Layout
 from ..storage.names import check_run_name, inside
 from ..storage.schedule import ChunkRecord
 from ..tracking.tracker import Tracker
-from .building import new_slot, plan_for, register_failed
+from .building import new_slot, register_failed
 from .clones import Clones
 from .coordination import Claim, Coordinator, Done, GangWait, Retry, Turn, Wait
-from .durability import make_durable
+from .durability import make_durable, write_stopped
 from .ops import OpsDesk
 from .proposals import Proposals, Proposer
-from .records import EngineStats, RunSlot, WeightsAt
-from .reporting import Reporter, progress_text
+from .records import EngineStats, LoopHooks, RunSlot, WeightsAt
+from .reporting import Reporter
 from .run_trainer import NewRun, RunFactory
-from .support import FaultNote, Kept, LeaseKeeper, WallClock, install_sigint, orphaned
+from .support import FaultNote, LeaseKeeper, WallClock, install_sigint, orphaned
 from .turns import Turns
 
 __all__ = ["Engine"]
@@ -73,29 +74,13 @@ class Engine:
             :mod:`.proposals`); ``None``: every run is registered before ``run()``.
     """
 
-    # Kept by the collaborator that uses them (see there for what each does), read and set
-    # here.
-    policy = Kept("_ops")
-    tracker = Kept("_reporter")
-    durable = Kept("_turns")
-    end_turn = Kept("_turns")
-    save_boundary = Kept("_turns")
-    load_warm_optimizer_state = Kept("_turns")
-    op_log = Kept("_ops")
-    queue_op = Kept("_ops")
-    apply_ops = Kept("_ops")
-    schedule = Kept("_shared")
-    lease_seconds = Kept("_shared")
-    idle_wait = Kept("_shared")
-    gang_wait_seconds = Kept("_shared")
-
     def __init__(
         self,
         output_dir: str | Path,
         cache: StateCache,
         *,
         progress: bool = True,
-        store: FileStore | None = None,
+        store: StateStore | None = None,
         worker: WorkerInfo | None = None,
         pool: ModelPool | None = None,
         durable: bool = True,
@@ -110,16 +95,16 @@ class Engine:
         self.layout = Layout(self.output_dir)
         self.cache = cache
         self.worker = worker or current_worker()
-        self.store = store or FileStore(self.layout.state_dir, fingerprint="")
+        self.store: StateStore = store or FileStore(self.layout.state_dir, fingerprint="")
         self.pool = pool
         self.slots: dict[str, RunSlot] = {}
         self.stats = EngineStats()
+        self.hooks = LoopHooks()
         self.interrupted = False
         self._progress_enabled = progress
         self._progress: ExperimentProgress | None = None
         self._registered = False
-        # A disk fault stopped the experiment (faults.py): this engine trains no more; a
-        # re-run of the script continues from the last recorded boundaries.
+        # A disk fault stopped the experiment: this engine trains no more; a re-run continues.
         self._fault = FaultNote()
         self._clock = WallClock()
         self._reporter = Reporter(tracker)
@@ -132,7 +117,7 @@ class Engine:
         self._turns.cadence = checkpoint_every or DEFAULT_CADENCE
         self._shared = Coordinator(
             store=self.store, worker=self.worker, slots=self.slots, forget=self._turns.forget,
-            clock=self._clock, fault=self._fault, schedule_path=self.schedule_path,
+            clock=self._clock, fault=self._fault, schedule_path=self.layout.schedule,
             lease_seconds=lease_seconds,
         )
         clones = Clones(layout=self.layout, slots=self.slots, cache=cache, runs=runs,
@@ -148,22 +133,14 @@ class Engine:
             admitted=self._ops.admits_new_runs,
         )
 
-    @property
-    def schedule_path(self) -> Path:
-        return self.layout.schedule
-
     # ------------------------------------------------------------------ building
-
-    plan_for = staticmethod(plan_for)
 
     def register(self, new: NewRun) -> RunSlot:
         """Register a freshly built run (``new.gang``: trained by that many workers together,
         e.g. FSDP; its trainer was built in the launch's world), and open its tracking run.
-
         Call right after building the trainer: its RNG streams and accelerate's state are
         captured now, as the run's starting point (what they would be in a script that built
-        this trainer alone and then called ``train()``).
-        """
+        this trainer alone and then called ``train()``)."""
         check_run_name(new.name)
         inside(self.output_dir, new.run_dir)  # names come from files too: never outside
         slot = new_slot(new, checkpoints=self.layout.checkpoints(new.name),
@@ -195,10 +172,8 @@ class Engine:
         return [s.result() for s in list(self.slots.values())]
 
     def failures(self) -> dict[str, str]:
-        return {s.name: s.error or s.state.error or "failed" for s in self.slots.values()
+        return {s.name: s.failure for s in self.slots.values()
                 if s.state.status == RunStatus.FAILED}
-
-    progress_text = staticmethod(progress_text)
 
     def activate(self, name: str) -> None:
         """Make ``name``'s weights the live ones in its model (after training, for the best
@@ -211,13 +186,50 @@ class Engine:
             return
         self._switch_in(slot)
 
-    # The loop calls these two through the engine (a test wraps them on an instance).
+    # ---------------------------------- the trainer layer's face (each kept by a collaborator)
+
+    @property
+    def policy(self) -> Policy | None:
+        """The automatic control consulted at chunk ends (kept by the ops desk)."""
+        return self._ops.policy
+
+    @property
+    def tracker(self) -> Tracker | None:
+        """Where runs, metrics and op answers go (kept by the reporter)."""
+        return self._reporter.tracker
+
+    @property
+    def durable(self) -> bool:
+        """Whether boundaries are written as checkpoints (kept by the turns; settable)."""
+        return self._turns.durable
+
+    @durable.setter
+    def durable(self, value: bool) -> None:
+        self._turns.durable = value
+
+    @property
+    def op_log(self) -> list[OpRecord]:
+        """Every op handled so far, applied or not (kept by the ops desk)."""
+        return self._ops.op_log
+
+    @property
+    def schedule(self) -> list[ChunkRecord]:
+        """Who trained which chunk when (kept by the coordinator)."""
+        return self._shared.schedule
+
+    def queue_op(self, run: str, op: str, source: OpSource | str = "python",
+                 reason: str | None = None) -> None:
+        """Apply ``op`` to ``run`` at the next chunk boundary (or the next ``train()``)."""
+        self._ops.queue_op(run, op, source=source, reason=reason)
+
+    def apply_ops(self) -> list[OpRecord]:
+        """Apply every pending op now (see :meth:`.ops.OpsDesk.apply_ops`)."""
+        return self._ops.apply_ops()
 
     def _switch_in(self, slot: RunSlot) -> None:
+        if self.hooks.before_switch_in is not None:
+            self.hooks.before_switch_in(slot)
         self._turns.switch_in(slot)
-
-    def _ops_pending(self) -> bool:
-        return self._ops.pending()
 
     # ------------------------------------------------------------------ the loop
 
@@ -260,9 +272,9 @@ class Engine:
             self.total_chunks, enabled=self._progress_enabled and self.worker.rank == 0
         )
         # Every run's train() starts with accelerate's free_memory(), a full gc.collect() over
-        # everything the process holds (~0.2 s per run with the HF stack imported). The models,
-        # datasets and trainers built so far live as long as the experiment: freeze them out
-        # of the collector's view for its duration.
+        # everything the process holds (~0.2 s a run with the HF stack imported). The models,
+        # datasets and trainers built so far live as long as the experiment: frozen out of the
+        # collector's view for its duration.
         gc.collect()
         gc.freeze()
         # Only the first worker applies ops from tags: the others need not poll them.
@@ -281,7 +293,8 @@ class Engine:
             self._register()
         if self.worker.rank == 0:
             self._clock.before = self._shared.read_wall_seconds()
-        self._progress.set_done(self._chunks_done())
+        if self._progress is not None:  # made by this loop's run() call
+            self._progress.set_done(self._chunks_done())
         while not self.interrupted and self._fault.message is None:
             if self.worker.launched and orphaned(self.worker.rank):
                 # Its launcher died (killed alone): stop at this boundary, so that a re-run
@@ -289,13 +302,15 @@ class Engine:
                 self.interrupted = True
                 break
             self._ops.consult_policy()
-            if self._ops_pending():
+            if self.hooks.at_boundary is not None:
+                self.hooks.at_boundary()
+            if self._ops.pending():
                 # Ops act on runs as of their last trained chunk: record those first.
                 self._flush_finishes()
                 self.apply_ops()
             self._proposals.step()
             if self._shared.stopped_volatile:
-                self._write_stopped()
+                write_stopped(self._turns, self._shared)
             match self._claim():
                 case Done():
                     # The last runs' results are told to the search (which may still add).
@@ -308,16 +323,9 @@ class Engine:
                     # recorded), else for other workers.
                     self._turns.open_writes()
                     if not self._shared.wait_for_a_write():
-                        time.sleep(self.idle_wait)
+                        time.sleep(self._shared.idle_wait)
                 case Turn() as turn:
                     self._turn(turn)
-
-    def _write_stopped(self) -> None:
-        """Stopped runs with volatile boundaries here: their state is written now (a stop
-        is a durable point, whoever resumes the run and wherever)."""
-        stopped, self._shared.stopped_volatile = self._shared.stopped_volatile, []
-        make_durable(self._turns, self._shared,
-                     [s for s in stopped if s.state.status == RunStatus.STOPPED])
 
     def _register(self) -> None:
         """First ``run()``: put this process's runs in the shared state, or take the state
@@ -392,7 +400,7 @@ class Engine:
             self._progress.start(slot.name)
         t0 = time.time()
         self._reporter.set_active(True)  # MLflow work runs while the chunk computes...
-        self._lease.hold(slot.name, self.lease_seconds)
+        self._lease.hold(slot.name, self._shared.lease_seconds)
         self._turns.open_writes()  # the previous run's checkpoint is written while this trains
         try:
             slot.coroutine.resume()
@@ -435,7 +443,7 @@ class Engine:
             self._turns.drop(slot)
             warnings.warn(f"{slot.name} failed: {slot.error}", RuntimeWarning, stacklevel=3)
         if slot.state.status == RunStatus.COMPLETED and slot.checkpoints is not None:
-            self._turns.remove_checkpoints(slot)
+            self._turns.remove_checkpoints(slot.checkpoints)
         self._reporter.report(slot)
         if self._progress is not None and self._progress.showing and slot.error is None:
             self._progress.chunk_done(self.results, self._chunks_done)  # built when drawn
@@ -479,7 +487,8 @@ class Engine:
         self._clock.started = None
         self.stats.compute = sum(s.compute_seconds for s in self.slots.values())
         self.stats.turns = len(self.schedule)
-        self._progress.close()
+        if self._progress is not None:
+            self._progress.close()
         self._progress = None
         if ok and self.worker.launched:
             self._shared.reload_schedule()

@@ -10,11 +10,12 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Iterable
 
+from ..shared_state.runs import RunStatus
 from .coordination import Coordinator
 from .records import RunSlot
 from .turns import Turns
 
-__all__ = ["make_durable"]
+__all__ = ["make_durable", "write_stopped"]
 
 
 def make_durable(turns: Turns, shared: Coordinator, slots: Iterable[RunSlot]) -> None:
@@ -26,3 +27,10 @@ def make_durable(turns: Turns, shared: Coordinator, slots: Iterable[RunSlot]) ->
         turns.open_writes()
         concurrent.futures.wait([write for _, write in writes])
         shared.mark_durable(writes)
+
+
+def write_stopped(turns: Turns, shared: Coordinator) -> None:
+    """Stopped runs with volatile boundaries here: their state is written now (a stop is a
+    durable point, whoever resumes the run and wherever)."""
+    stopped, shared.stopped_volatile = shared.stopped_volatile, []
+    make_durable(turns, shared, [s for s in stopped if s.state.status == RunStatus.STOPPED])

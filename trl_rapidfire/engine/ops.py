@@ -8,15 +8,25 @@ import json
 import threading
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..control.folder_control import Inbox
-from ..control.ops import Op, OpError, OpRecord, append_op_row, parse_op
+from ..control.ops import (
+    Op,
+    OpError,
+    OpOrigin,
+    OpOutcome,
+    OpRecord,
+    OpResult,
+    OpSource,
+    append_op_row,
+    parse_op,
+)
 from ..control.policies import Context, Policy
 from ..runtime.cache import save_tree
 from ..runtime.workers import WorkerInfo
 from ..shared_state.runs import RunState, RunStatus, status_op_refusal
-from ..shared_state.state_file import FileStore
-from ..shared_state.store import disband_forming_gang
+from ..shared_state.store import StateStore, disband_forming_gang
 from ..storage.faults import ExperimentFault, disk_fault
 from ..storage.layout import Layout, run_index, run_name
 from .building import register_failed
@@ -27,11 +37,24 @@ from .reporting import Reporter
 from .support import WallClock, canonical_op, json_knobs, one_line
 from .turns import Turns
 
-__all__ = ["OpsDesk", "change_status"]
+__all__ = ["OpsDesk", "QueuedOp", "change_status"]
 
-# Sources of ops from outside the script (run tags, op files from the CLI): text anyone with
-# access to the tracking server or the folder may write, held to hyperparameters only.
-_OUTSIDE = frozenset({"tag", "cli"})
+_PYTHON = OpSource(OpOrigin.PYTHON)
+
+
+@dataclass(frozen=True)
+class QueuedOp:
+    """An op waiting for the next boundary: its text as sent (what the log shows) and, when
+    the sender had it as data (a policy's decision), the op itself, not parsed again."""
+
+    source: OpSource
+    run: str
+    text: str
+    reason: str | None = None
+    op: Op | None = None
+
+    def parsed(self) -> Op:
+        return self.op if self.op is not None else parse_op(self.text)
 
 
 class OpsDesk:
@@ -53,7 +76,7 @@ class OpsDesk:
     """
 
     def __init__(
-        self, *, layout: Layout, store: FileStore, worker: WorkerInfo,
+        self, *, layout: Layout, store: StateStore, worker: WorkerInfo,
         slots: dict[str, RunSlot], clones: Clones, policy: Policy | None, turns: Turns,
         shared: Coordinator, reporter: Reporter, clock: WallClock,
         replanned: Callable[[], None],
@@ -72,8 +95,7 @@ class OpsDesk:
         self._replanned = replanned
         # Ops the CLI leaves in the experiment's folder (an untracked experiment's channel).
         self._inbox = Inbox(layout)
-        # (source, run, op text, reason): "python", "tag", "cli" or "policy:<name>".
-        self._queued: list[tuple[str, str, str, str | None]] = []
+        self._queued: list[QueuedOp] = []
         # (run, op) the script itself asked for: a clone recipe in the shared state that
         # matches one may be rebuilt with the author's rights.
         self._author_ops: set[tuple[str, str]] = set()
@@ -83,12 +105,15 @@ class OpsDesk:
 
     # ------------------------------------------------------------------ taking ops in
 
-    def queue_op(self, run: str, op: str, source: str = "python",
-                 reason: str | None = None) -> None:
-        """Apply ``op`` to ``run`` at the next chunk boundary (or the next ``train()``)."""
+    def queue_op(self, run: str, op: str, source: OpSource | str = _PYTHON,
+                 reason: str | None = None, *, parsed: Op | None = None) -> None:
+        """Apply ``op`` (its text; ``parsed``: the op itself, when the sender has it) to
+        ``run`` at the next chunk boundary (or the next ``train()``)."""
+        if isinstance(source, str):
+            source = OpSource.from_text(source)
         with self._lock:
-            self._queued.append((source, run, op, reason))
-            if source not in _OUTSIDE:
+            self._queued.append(QueuedOp(source, run, op, reason, parsed))
+            if not source.outside:
                 self._author_ops.add((run, canonical_op(op)))
 
     def pending(self) -> bool:
@@ -121,15 +146,16 @@ class OpsDesk:
             for d in self.policy.on_chunk_end(slot.name, context):
                 if d.action == "clone":
                     verb = "clone-warm" if d.warm else "clone"
+                    op = Op(verb, dict(d.overrides))
                     text = f"{verb} {json.dumps(dict(d.overrides), default=str)}"
                 else:
                     # Several fresh chunks can lead to the same verdict on a waiting run.
                     if (d.run, d.action) in decided:
                         continue
                     decided.add((d.run, d.action))
-                    text = d.action
-                self.queue_op(d.run, text, source=f"policy:{d.by or self.policy.name}",
-                              reason=d.reason)
+                    op, text = Op(d.action), d.action
+                source = OpSource(OpOrigin.POLICY, d.by or self.policy.name)
+                self.queue_op(d.run, text, source=source, reason=d.reason, parsed=op)
 
     def admits_new_runs(self) -> bool:
         """Whether the policy lets an adaptive search start another run now."""
@@ -157,49 +183,53 @@ class OpsDesk:
             pending, self._queued = self._queued, []
         if self.worker.rank != 0:
             return []
-        pending += [("tag", run, text, None)
-                    for run, text in self._reporter.pending_ops().items()]
+        tag = OpSource(OpOrigin.TAG)
+        pending += [QueuedOp(tag, run, text) for run, text in self._reporter.pending_ops().items()]
         # An op file stays in the inbox until its op is answered (a crash in between
         # applies it again at the next train(), never loses it).
         mail = self._inbox.take()
-        pending += [("cli", item.run, item.op, None) for item in mail]
+        pending += [QueuedOp(OpSource(OpOrigin.CLI), item.run, item.op) for item in mail]
         mail_at = {len(pending) - len(mail) + i: item for i, item in enumerate(mail)}
         # A person's op on a run wins over a policy's at the same boundary.
-        by_person = {run for source, run, _, _ in pending if not source.startswith("policy")}
+        by_person = {q.run for q in pending if not q.source.automatic}
         records = []
-        for position, (source, run, text, reason) in enumerate(pending):
-            automatic = source.startswith("policy")
-            if automatic and run in by_person:
-                result = "skipped: a person's op on this run wins"
-            else:
-                try:
-                    op = Op("fail") if automatic and text == "fail" else parse_op(text)
-                    # Tag text is anyone's who can write to the tracking server: only the
-                    # script's own ops (Python calls, its policies) may go beyond
-                    # hyperparameters.
-                    result = "ok: " + self._apply(run, op, reason,
-                                                  trusted=source not in _OUTSIDE)
-                    if automatic:
-                        result += f" by {source.split(':', 1)[1]} {reason}"
-                except OpError as err:
-                    result = f"error: {err}"
-                except Exception as err:  # noqa: BLE001 - one op's failure is its answer
-                    if isinstance(err, ExperimentFault) or disk_fault(err, ours=True):
-                        raise  # the experiment's files, not the op: stop at this boundary
-                    result = f"error: {type(err).__name__}: {one_line(err)}"
-            record = OpRecord.now(source, run, text, result)
+        for position, queued in enumerate(pending):
+            result = self._answer(queued, by_person)
+            # Text at the edges: the log, ops.csv, the run's tags.
+            source, run, text = str(queued.source), queued.run, queued.text
+            record = OpRecord.now(source, run, text, str(result))
             records.append(record)
             self.op_log.append(record)
             append_op_row(record, self.layout.ops_log)
-            self._reporter.answer_op(source, run, text, result, known=run in self.slots)
+            self._reporter.answer_op(source, run, text, str(result), known=run in self.slots)
             if run in self.slots:
-                self.slots[run].last_op = result
+                self.slots[run].last_op = str(result)
                 self._reporter.report(self.slots[run])
             if position in mail_at:
                 self._inbox.done(mail_at[position])
-            if result.startswith("error") and source == "python":
+            if result.outcome is OpOutcome.ERROR and queued.source.origin is OpOrigin.PYTHON:
                 warnings.warn(f"op {text!r} on {run}: {result}", RuntimeWarning, stacklevel=2)
         return records
+
+    def _answer(self, queued: QueuedOp, by_person: set[str]) -> OpResult:
+        """Apply one op; what it did, or why not."""
+        source = queued.source
+        if source.automatic and queued.run in by_person:
+            return OpResult(OpOutcome.SKIPPED, "a person's op on this run wins")
+        try:
+            # Tag text is anyone's who can write to the tracking server: only the script's
+            # own ops (Python calls, its policies) may go beyond hyperparameters.
+            done = self._apply(queued.run, queued.parsed(), queued.reason,
+                               trusted=not source.outside)
+        except OpError as err:
+            return OpResult(OpOutcome.ERROR, str(err))
+        except Exception as err:  # noqa: BLE001 - one op's failure is its answer
+            if isinstance(err, ExperimentFault) or disk_fault(err, ours=True):
+                raise  # the experiment's files, not the op: stop at this boundary
+            return OpResult(OpOutcome.ERROR, f"{type(err).__name__}: {one_line(err)}")
+        if source.automatic:
+            done += f" by {source.policy} {queued.reason}"
+        return OpResult(OpOutcome.OK, done)
 
     def _apply(self, run: str, op: Op, reason: str | None = None, *,
                trusted: bool = False) -> str:
@@ -224,9 +254,10 @@ class OpsDesk:
                     and slot.state.chunks_done and slot.local_chunks == slot.state.chunks_done:
                 self._turns.park(slot)
             return result
-        slot = self.slots.get(run)
-        if slot is None:
+        parent = self.slots.get(run)
+        if parent is None:
             raise OpError(f"no run named {run!r}; runs: {sorted(self.slots)}")
+        slot = parent
         if slot.state.status == RunStatus.DELETED:
             raise OpError(f"{run} is deleted; no op applies to it")
         # Under the lock: the clone's name is taken from the shared state, so two workers
@@ -257,8 +288,10 @@ class OpsDesk:
         except OpError as err:
             # Not buildable here (e.g. a Python clone of another session that loads code):
             # that run fails alone, saying why; the others train on.
-            register_failed(
-                self.slots, name=name, index=run_index(name), knobs={}, group=None,
+            index = run_index(name)
+            assert index is not None  # the shared state's names are checked run names
+            failed = register_failed(
+                self.slots, name=name, index=index, knobs={}, group=None,
                 run_dir=self.layout.run_dir(name),
                 error=OpError(f"cannot rebuild clone {name} of {info['parent']} from "
                               f"{self.store.path}: {err}"),
@@ -267,7 +300,7 @@ class OpsDesk:
             with self.store.transaction() as st:
                 record = st.runs.get(name)
                 if record is not None and record.status.schedulable:
-                    record.fail(self.slots[name].error)
+                    record.fail(failed.failure)
                 self._shared.sync(st)
         self._replanned()
 

@@ -19,8 +19,7 @@ from typing import Any, Protocol
 
 from ..control.policies import RunHistory
 from ..search.searches import Proposal
-from ..shared_state.state_file import FileStore
-from ..shared_state.store import is_proposal
+from ..shared_state.store import StateStore, is_proposal
 from ..storage.layout import Layout, run_index, run_name
 from .building import register_failed
 from .clones import next_run_index
@@ -72,7 +71,7 @@ class Proposals:
     """
 
     def __init__(
-        self, *, proposer: Proposer | None, layout: Layout, store: FileStore,
+        self, *, proposer: Proposer | None, layout: Layout, store: StateStore,
         slots: dict[str, RunSlot], shared: Coordinator, runs: RunFactory | None,
         register: Callable[[NewRun], RunSlot], replanned: Callable[[], None],
         admitted: Callable[[], bool] = lambda: True,

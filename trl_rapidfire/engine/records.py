@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from ..shared_state.runs import RunState
 from ..storage.schedule import ChunkRecord
 from .chunks import ChunkPlan
 
-__all__ = ["EngineStats", "PendingChunk", "RunFailure", "RunSlot", "WeightsAt", "history_of"]
+__all__ = ["EngineStats", "LoopHooks", "PendingChunk", "RunFailure", "RunSlot", "WeightsAt",
+           "history_of"]
 
 
 class RunFailure(RuntimeError):
@@ -36,6 +38,17 @@ class RunFailure(RuntimeError):
         errors = [e for e in self.exceptions.values() if isinstance(e, Exception)]
         if errors:
             self.__cause__ = ExceptionGroup("the runs' errors", errors)
+
+
+@dataclass
+class LoopHooks:
+    """Where a test or a tool watches the engine's loop, in the loop's own thread: what it may
+    do there is what a person's Python call may do (queue an op, build a config)."""
+
+    # At every chunk boundary, before the loop looks for pending ops.
+    at_boundary: Callable[[], None] | None = None
+    # Right before a run is switched in (for its turn, or to be the best run's face).
+    before_switch_in: Callable[[RunSlot], None] | None = None
 
 
 @dataclass
@@ -90,7 +103,7 @@ class RunSlot:
     index: int
     knobs: dict[str, Any]
     trainer: Any
-    group: ModelGroup
+    group: ModelGroup | None
     adapter: str | None
     residency: Residency
     plan: ChunkPlan
@@ -161,6 +174,18 @@ class RunSlot:
             self.final_dir = self.run_dir / "final"
         if self.state is None:
             self.state = RunState(name=self.name, knobs=dict(self.knobs))
+
+    @property
+    def failure(self) -> str:
+        """Why the run failed, in one line (its own error, else the shared state's)."""
+        return self.error or self.state.error or "failed"
+
+    def model_group(self) -> ModelGroup:
+        """The run's model group: every run that trains has one (a run that failed before
+        its trainer was built has none)."""
+        if self.group is None:
+            raise RuntimeError(f"{self.name} has no model: it failed before training")
+        return self.group
 
     def record_error(self, exc: BaseException) -> None:
         """Keep why the run failed: one line for tags, warnings and tables, and the whole

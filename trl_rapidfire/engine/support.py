@@ -16,16 +16,14 @@ from typing import Any, Protocol
 from ..config.knobs import describe_value
 from ..control.ops import OpError, parse_op
 from ..runtime.workers import launcher_gone
-from ..shared_state.state_file import FileStore
-from ..shared_state.store import renew
+from ..shared_state.store import StateStore, renew
 from ..storage.faults import ExperimentFault, disk_fault, fault_message
 from ..storage.outside_text import STATE_BYTES, OutsideTextError
 from ..storage.own_files import read_json
 
 __all__ = [
     "FaultNote",
-    "Kept",
-    "LeaseKeeper",
+        "LeaseKeeper",
     "WallClock",
     "canonical_op",
     "disk_faults",
@@ -85,28 +83,6 @@ class WallClock:
         return self.before + running
 
 
-class Kept:
-    """An attribute of the engine that one of its collaborators keeps: ``rebuild =
-    Kept("_turns")`` reads and sets ``engine._turns.rebuild``."""
-
-    def __init__(self, keeper: str) -> None:
-        self.keeper = keeper
-        self.name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        if self.name:
-            raise TypeError(f"one Kept per attribute: {name} and {self.name} share one")
-        self.name = name
-
-    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
-        if obj is None:
-            return self
-        return getattr(getattr(obj, self.keeper), self.name)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        setattr(getattr(obj, self.keeper), self.name, value)
-
-
 def canonical_op(text: str) -> str:
     """The op as the shared state records it (``str(parse_op(text))``), or ``text``."""
     try:
@@ -159,7 +135,7 @@ class LeaseKeeper:
     One thread for the experiment, told which claim to keep at each turn: starting a thread
     per turn cost ~2 ms of the switch on a busy 2-core machine."""
 
-    def __init__(self, store: FileStore, worker: str) -> None:
+    def __init__(self, store: StateStore, worker: str) -> None:
         self._store, self._worker = store, worker
         self._held: tuple[str, float] | None = None  # (run, lease seconds)
         self._wake = threading.Event()

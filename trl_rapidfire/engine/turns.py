@@ -121,6 +121,7 @@ class Turns:
         """Called inside the run's coroutine at a chunk boundary: suspend until resumed."""
         slot.compute_seconds += time.perf_counter() - slot.resumed_at
         slot.at_boundary = True
+        assert slot.coroutine is not None  # called from inside it
         slot.coroutine.suspend()
         slot.at_boundary = False
         slot.resumed_at = time.perf_counter()
@@ -272,7 +273,7 @@ class Turns:
             self._restore_run_state(slot)
             return
         if self.pool is not None:
-            self.pool.make_room(slot.group, slot.trainer.args.device)
+            self.pool.make_room(slot.model_group(), slot.trainer.args.device)
         if slot.weights is not WeightsAt.LIVE:
             # Its values come from disk (its checkpoint, or its final weights): only room
             # for them is needed.
@@ -282,13 +283,13 @@ class Turns:
         elif not slot.residency.resident:
             if slot.residency.key in self.cache:
                 slot.residency.unpark(self.cache, slot.trainer.optimizer)
-            elif slot.group.initial_weights is not None:
-                slot.residency.load_initial(slot.group.initial_weights)
+            elif (initial := slot.model_group().initial_weights) is not None:
+                slot.residency.load_initial(initial)
             else:
                 raise RuntimeError(f"{slot.name}: no state to restore.")
         self.resident = slot
-        if slot.adapter is not None and slot.group.model.active_adapter != slot.adapter:
-            slot.group.activate(slot.adapter)
+        if slot.adapter is not None and slot.model_group().model.active_adapter != slot.adapter:
+            slot.model_group().activate(slot.adapter)
         self._restore_run_state(slot)
 
     def _set_aside(self, slot: RunSlot) -> None:
@@ -323,6 +324,8 @@ class Turns:
             self._held -= self._idle_bytes.pop(name)
 
     def _restore_run_state(self, slot: RunSlot) -> None:
+        # Both captured when the run was attached to its trainer (before any switch).
+        assert slot.accelerate is not None and slot.rng is not None
         restore_accelerate_state(slot.accelerate)
         for obj, state in zip(slot.stateful, slot.stateful_states):
             obj.load_state_dict(copy.deepcopy(state))
@@ -373,11 +376,12 @@ class Turns:
             if slot.coroutine is not None and not slot.coroutine.finished:
                 slot.coroutine.abort()
 
-    def remove_checkpoints(self, slot: RunSlot) -> None:
-        """A completed run's boundary checkpoints go (its final weights are written), by the
-        writer thread: ~2 ms of the switch on the tiny model, more with a real one."""
-        inside(self.output_dir, slot.checkpoints)
-        self._writer.submit(shutil.rmtree, slot.checkpoints, ignore_errors=True)
+    def remove_checkpoints(self, folder: Path) -> None:
+        """A completed run's boundary checkpoints (``folder``) go, its final weights being
+        written, by the writer thread: ~2 ms of the switch on the tiny model, more with a
+        real one."""
+        inside(self.output_dir, folder)
+        self._writer.submit(shutil.rmtree, folder, ignore_errors=True)
 
     @property
     def _writer(self) -> concurrent.futures.ThreadPoolExecutor:

@@ -12,6 +12,7 @@ fastest. Runs are named ``run-0``, ``run-1``, ... in that order.
 
 from __future__ import annotations
 
+import abc
 import copy
 import dataclasses
 import itertools
@@ -116,7 +117,10 @@ def _check_distinct(axis: Axis) -> None:
 
 
 class Search:
-    """Common machinery of :class:`GridSearch` and :class:`RandomSearch`.
+    """What every search shares: the knob axes of a config group, zip groups, and building one
+    run's spec from a draw. Grid and random searches expand a config group into all their runs
+    before training (:class:`ExpandingSearch`); an adaptive search proposes them while it
+    trains (:class:`AdaptiveSearch`).
 
     Args:
         zip: groups of knob names whose ``List``s are paired element-wise instead of crossed,
@@ -139,50 +143,6 @@ class Search:
                 seen.add(name)
             groups.append(tuple(group))
         self.zip_groups: tuple[tuple[str, ...], ...] = tuple(groups)
-
-    # ---- the part that differs between searches ----------------------------------------------
-
-    def _draws(self, axes: Sequence[Axis]) -> list[tuple[Any, ...]]:  # pragma: no cover
-        raise NotImplementedError
-
-    # ---- expansion ----------------------------------------------------------------------------
-
-    def expand(self, rf_config: Any, **trainer_level: Any) -> list[RunSpec]:
-        """Expand a config group into its runs, validating every run before returning.
-
-        Args:
-            rf_config: an ``RFSFTConfig``/``RFDPOConfig``/``RFGRPOConfig`` (a plain TRL config is
-                taken as a single configuration).
-            **trainer_level: trainer arguments that may be knobs (``model``, ``peft_config``,
-                ``formatting_func``, ``reward_funcs``, ``processing_class``, ...). Plain values
-                are passed through unchanged to every run.
-
-        Raises:
-            SearchError: a knob cannot be searched this way, or a run's values are invalid (the
-                message names the run, its knob values and the field at fault).
-        """
-        all_knobs, axes = self.knob_axes(rf_config, trainer_level)
-        runs: list[RunSpec] = []
-        first_of: dict[tuple[Any, ...], str] = {}
-        for draw_no, draw in enumerate(self._draws(axes)):
-            key = tuple(draw)
-            if key in first_of:
-                warnings.warn(
-                    f"{type(self).__name__} draw {draw_no} is identical to {first_of[key]}; it is "
-                    "trained once.",
-                    UserWarning,
-                    stacklevel=2,
-                )
-                continue
-            chosen: dict[str, Any] = {}
-            for axis, d in zip(axes, draw):
-                chosen.update(axis.values(d))
-            # Report knobs in the order the user declared them, whatever the zip grouping.
-            knobs = {name: chosen[name] for name in all_knobs}
-            name = f"run-{len(runs)}"
-            first_of[key] = name
-            runs.append(self.build_run(name, len(runs), knobs, rf_config, trainer_level))
-        return runs
 
     def knob_axes(self, rf_config: Any,
                   trainer_level: Mapping[str, Any]) -> tuple[dict[str, Knob], list[Axis]]:
@@ -277,7 +237,55 @@ class Search:
                        trainer_kwargs=trainer_kwargs)
 
 
-class GridSearch(Search):
+class ExpandingSearch(Search, abc.ABC):
+    """A search whose runs are all known before training: it expands a config group into them
+    (:class:`GridSearch`, :class:`RandomSearch`)."""
+
+    @abc.abstractmethod
+    def _draws(self, axes: Sequence[Axis]) -> list[tuple[Any, ...]]:
+        """One tuple of value indices (or ``Range`` draws) per run, one entry per axis."""
+
+    # ---- expansion ----------------------------------------------------------------------------
+
+    def expand(self, rf_config: Any, **trainer_level: Any) -> list[RunSpec]:
+        """Expand a config group into its runs, validating every run before returning.
+
+        Args:
+            rf_config: an ``RFSFTConfig``/``RFDPOConfig``/``RFGRPOConfig`` (a plain TRL config is
+                taken as a single configuration).
+            **trainer_level: trainer arguments that may be knobs (``model``, ``peft_config``,
+                ``formatting_func``, ``reward_funcs``, ``processing_class``, ...). Plain values
+                are passed through unchanged to every run.
+
+        Raises:
+            SearchError: a knob cannot be searched this way, or a run's values are invalid (the
+                message names the run, its knob values and the field at fault).
+        """
+        all_knobs, axes = self.knob_axes(rf_config, trainer_level)
+        runs: list[RunSpec] = []
+        first_of: dict[tuple[Any, ...], str] = {}
+        for draw_no, draw in enumerate(self._draws(axes)):
+            key = tuple(draw)
+            if key in first_of:
+                warnings.warn(
+                    f"{type(self).__name__} draw {draw_no} is identical to {first_of[key]}; it is "
+                    "trained once.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                continue
+            chosen: dict[str, Any] = {}
+            for axis, d in zip(axes, draw):
+                chosen.update(axis.values(d))
+            # Report knobs in the order the user declared them, whatever the zip grouping.
+            knobs = {name: chosen[name] for name in all_knobs}
+            name = f"run-{len(runs)}"
+            first_of[key] = name
+            runs.append(self.build_run(name, len(runs), knobs, rf_config, trainer_level))
+        return runs
+
+
+class GridSearch(ExpandingSearch):
     """Every combination of the ``List`` knobs (their cartesian product).
 
     A ``Range`` has no finite set of values and is an error here; use :class:`RandomSearch`.
@@ -302,7 +310,7 @@ class GridSearch(Search):
         return f"GridSearch(zip={list(self.zip_groups)!r})" if self.zip_groups else "GridSearch()"
 
 
-class RandomSearch(Search):
+class RandomSearch(ExpandingSearch):
     """``num_runs`` draws: each ``List`` uniformly, each ``Range`` uniformly (log-uniformly with
     ``log=True``). Deterministic given ``seed``. Identical draws are reported and trained once.
 
@@ -337,7 +345,7 @@ class RandomSearch(Search):
         return f"RandomSearch(num_runs={self.num_runs}, seed={self.seed}{zipped})"
 
 
-class AdaptiveSearch(Search):
+class AdaptiveSearch(Search, abc.ABC):
     """A search that proposes its runs while the experiment trains, from the results of the
     runs before them (:class:`~trl_rapidfire.integrations.optuna.search.OptunaSearch`).
 
@@ -346,21 +354,17 @@ class AdaptiveSearch(Search):
     runs, and the proposer the engine asks for more; see
     :mod:`trl_rapidfire.engine.proposals`)."""
 
-    def expand(self, rf_config: Any, **trainer_level: Any) -> list[RunSpec]:
-        raise SearchError(f"{type(self).__name__} proposes its runs while the experiment "
-                          "trains; pass it as search= to an RF trainer.")
-
-    def describe(self, rf_config: Any, **trainer_level: Any) -> Any:  # pragma: no cover
+    @abc.abstractmethod
+    def describe(self, rf_config: Any, **trainer_level: Any) -> Any:
         """What identifies this search over this config group (JSON-able, the same in every
         process running the script); raises :class:`SearchError` for a bad knob."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def start(self, rf_config: Any, layout: Any,
-              **trainer_level: Any) -> tuple[list[RunSpec], Any]:  # pragma: no cover
+              **trainer_level: Any) -> tuple[list[RunSpec], Any]:
         """The runs to build before training, and the proposer for the rest (its state kept
         in the experiment's folder, ``layout``: shared by every worker, continued by a
         re-run)."""
-        raise NotImplementedError
 
 
 def _check_no_nested_knob(name: str, value: Any) -> None:

@@ -30,7 +30,8 @@ class RunView(NamedTuple):
     """
 
     name: str
-    index: int
+    # A field named like tuple.index (the declaration order): mypy reads it as an override.
+    index: int  # type: ignore[assignment]
     status: RunStatus
     chunks_done: int
     chunks_total: int

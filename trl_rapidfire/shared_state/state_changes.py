@@ -128,6 +128,12 @@ class Marks:
             names |= now.changed
         return names
 
+    def keys_set(self, name: str) -> set[str]:
+        """The keys of map ``name`` the body set or deleted so far (every key, if it replaced
+        the map whole)."""
+        now = getattr(self.state, name)
+        return set(now.changed) if now is self.maps[name] else set(now)
+
     def delta(self, state: ExperimentState) -> dict[str, Any]:
         """The change from the marked state to ``state`` as one journal line (``{}``: none)."""
         line: dict[str, Any] = {}

@@ -149,7 +149,7 @@ class FileStore:
                     self._append(cache, line, durable)
                     self._note(runs_in_line(line))
                     # Runs the body added: their later changes are journalled too.
-                    watch_runs((state.runs[k] for k in state.runs.changed if k in state.runs),
+                    watch_runs((state.runs[k] for k in marks.keys_set("runs") if k in state.runs),
                            cache.touched)
                 if cache.offset > max(_MIN_COMPACT_BYTES, cache.snapshot_bytes):
                     self._compact(state, generation=cache.generation + 1)
@@ -264,7 +264,7 @@ class FileStore:
             except FileNotFoundError:
                 fd = None
             st = os.fstat(fd) if fd is not None else None
-            if st is not None and (st.st_dev, st.st_ino) == cache.inode \
+            if fd is not None and st is not None and (st.st_dev, st.st_ino) == cache.inode \
                     and st.st_size >= cache.offset:
                 os.close(cache.fd)
                 cache.fd = fd

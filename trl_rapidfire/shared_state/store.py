@@ -17,9 +17,11 @@ protocol across machines.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from ..runtime.workers import process_alive
 from .runs import RunState, RunStatus
@@ -27,6 +29,7 @@ from .scheduler import pick_next
 from .state_schema import BadState, check_document, is_proposal
 
 __all__ = [
+    "StateStore",
     "Claim",
     "ExperimentState",
     "StoreError",
@@ -163,6 +166,35 @@ class ExperimentState:
     def live_claims(self) -> bool:
         """Whether some worker is training a chunk now (a run may still come back)."""
         return bool(self.claims)
+
+
+class StateStore(Protocol):
+    """Where an experiment's shared state lives, as the engine uses it (the seam for another
+    backend; :class:`~trl_rapidfire.shared_state.state_file.FileStore` is the one on disk).
+
+    Every change happens inside :meth:`transaction`, which brings this process's copy up to
+    date first and makes the body's change visible to every worker once it ends; the decisions
+    on the state are this module's plain functions."""
+
+    @property
+    def path(self) -> Path:
+        """Where a person finds the state (named in messages)."""
+        ...
+
+    def transaction(self, durable: bool = True
+                    ) -> contextlib.AbstractContextManager[ExperimentState]:
+        """The state to read and change, exclusively; ``durable=False``: a change a power cut
+        may lose harmlessly (a claim, a lease renewal)."""
+        ...
+
+    def take_changed_runs(self) -> set[str] | None:
+        """Inside a transaction: the runs changed since the last call, by anyone (``None``:
+        possibly all)."""
+        ...
+
+    def compact(self) -> None:
+        """Fold whatever the backend keeps beside the state into the state itself."""
+        ...
 
 
 def check_state_names(doc: dict[str, Any]) -> None:

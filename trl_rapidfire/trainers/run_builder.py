@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.configs import RFConfigError, RFConfigMixin, is_gang_config
+from ..config.fields import CHUNK
 from ..config.knobs import describe_value, is_knob
 from ..control.ops import Op, OpError, resolve_overrides
 from ..engine import NewRun, RunSlot
@@ -24,9 +25,7 @@ from ..search.searches import RunSpec, Search, SearchError
 from ..storage.layout import Layout, run_index
 from .run_trainer import copy_callbacks
 
-__all__ = ["CHUNK", "RunBuilder"]
-
-CHUNK = "chunk"
+__all__ = ["RunBuilder"]
 
 # Settings a trainer applies to the model or tokenizer it is given, not to itself: runs that
 # share a base model (and its tokenizer) must agree on them, or one run's setting would leak

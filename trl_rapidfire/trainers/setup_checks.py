@@ -10,6 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..config.configs import RFConfigError
+from ..config.fields import CHUNK
 from ..config.knobs import List
 from ..control.folder_control import training_now
 from ..runtime.workers import current_worker
@@ -18,7 +19,7 @@ from ..shared_state.state_file import FileStore
 from ..shared_state.store import StoreError
 from ..storage.layout import Layout
 from ..storage.names import UntrustedValue
-from .run_builder import CHUNK, RunBuilder
+from .run_builder import RunBuilder
 from .run_trainer import copy_callbacks
 
 __all__ = ["check_clone_overrides", "check_model_candidates", "check_specs", "open_store"]
