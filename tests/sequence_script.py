@@ -1,5 +1,5 @@
 """Trainings that a notebook or script might run one after another in one process, for
-``tests/test_sequential_experiments.py``.
+``tests/trainers/test_sequential_experiments.py``.
 
     python tests/sequence_script.py CASE OUTPUT_DIR THREADS
 

@@ -1,0 +1,35 @@
+"""``benchmarks/turn_costs.py`` runs and prints a cost for every part of a turn."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_turn_costs_quick_run_prints_every_part(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "turn_costs.py"), "--quick", "--threads", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    rows = {m.group(1).strip(): (int(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"^([^\d\n]+?) +(\d+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+$", out, re.M)}
+    # Every turn claims, switches in and out, and (8 runs x 4 chunks) leaves a checkpoint at
+    # each boundary but the last of each run.
+    turns = int(re.search(r"8 runs, (\d+) turns", out).group(1))
+    assert turns == 32, out
+    assert rows["claim (shared state: lock, journal, decision)"][0] >= turns
+    assert rows["switch in (all of it)"][0] >= turns
+    assert rows["switch out (random streams, accelerate state)"][0] == turns
+    assert rows["boundary checkpoint, in the run's turn"][0] == 8 * 3
+    assert all(mean > 0 for _, mean in rows.values())
+    assert re.search(r"schedule\.csv gaps [\d.]+ ms per turn, [\d.]+% of chunk time", out)

@@ -1,0 +1,194 @@
+"""Control from the MLflow UI, clicked for real: headless Chromium opens a run's page on a
+``mlflow server``, adds the tag ``rapidfire.op`` = ``stop`` with the UI's own tag editor, and the
+experiment, training meanwhile, stops that run at its next chunk boundary.
+
+Needs Chromium, its driver and Selenium (skipped without them). With ``RF_SAVE_SCREENSHOT`` set,
+the filled-in tag editor is saved to ``docs/img/tag_editor.png`` (the IC Ops guide's picture).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from browser import chromium
+from mlflow_server import mlflow_server
+from transformers import TrainerCallback
+
+from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
+from trl_rapidfire.shared_state.runs import RunStatus
+from trl_rapidfire.testing import (
+    cpu_training_kwargs,
+    make_sft_dataset,
+    tiny_lora_config,
+    tiny_model_path,
+)
+
+pytestmark = pytest.mark.slow
+
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "tag_editor.png"
+LRS = [1e-3, 3e-3, 1e-4]  # run-0, run-1, run-2
+TARGET, TARGET_LR = "run-1", 3e-3
+MAX_STEPS, CHUNKS = 8, 4  # 2 steps a chunk
+GATE_STEP = 3  # run-1 waits here, inside its second chunk, while the person clicks
+
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A ``mlflow server`` on 127.0.0.1 (one worker, sqlite in tmp_path)."""
+    with mlflow_server(tmp_path / "mlflow.db") as url:
+        yield url
+
+
+@pytest.fixture
+def browser():
+    with chromium(1400, 900) as driver:
+        yield driver
+
+
+class _Gate(TrainerCallback):
+    """Holds the target run inside a chunk (so it is in flight when the tag lands) until the
+    person has saved the tag and the experiment's tracking thread has polled it."""
+
+    def __init__(self) -> None:
+        self.reached, self.release = threading.Event(), threading.Event()
+        self.trainer: RFSFTTrainer | None = None
+        self.timed_out = False
+
+    def __deepcopy__(self, memo):  # every run's trainer gets a copy: share this one
+        return self
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.learning_rate != TARGET_LR or state.global_step != GATE_STEP:
+            return
+        self.reached.set()
+        if not self.release.wait(timeout=300):
+            self.timed_out = True
+            return
+        # The tracking thread polls the control tags about once a second, on its own.
+        tracker = self.trainer.engine.tracker
+        deadline = time.monotonic() + 30
+        while TARGET not in tracker.pending_ops() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _wait_for(what: str, condition, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _add_tag_in_ui(driver, url: str, exp_id: str, run_id: str, key: str, value: str,
+                   screenshot: Path | None) -> None:
+    """What a person does: open the run, click the tags' edit button, fill key and value, add
+    the tag, save."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(driver, 60)
+    edit_tags = (By.CSS_SELECTOR, "button[aria-label='Edit tags']")  # the pencil by the tags
+    driver.get(f"{url}/#/experiments/{exp_id}/runs/{run_id}")
+    wait.until(ec.element_to_be_clickable(edit_tags))
+    # MLflow 3 opens an assistant side panel: close it, if it is there, for a clean picture
+    # (the page then lays itself out again, so the edit button is looked up afresh).
+    for close in driver.find_elements(By.CSS_SELECTOR,
+                                      "[data-assistant-ui] button[aria-label='Close']"):
+        if close.is_displayed():
+            close.click()
+    wait.until(ec.element_to_be_clickable(edit_tags)).click()
+    dialog = wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, "[role='dialog']")))
+    # The key field is a searchable select: type a new key, Enter picks "Add tag <key>".
+    key_box = dialog.find_element(By.CSS_SELECTOR, "input[role='combobox']")
+    key_box.click()
+    key_box.send_keys(key)
+    wait.until(ec.presence_of_element_located(
+        (By.XPATH, f"//*[@role='option' and contains(normalize-space(), '{key}')]")))
+    key_box.send_keys(Keys.ENTER)
+    dialog.find_element(By.CSS_SELECTOR, "input[aria-label='Value']").send_keys(value)
+    if screenshot is not None:
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(screenshot))
+    dialog.find_element(By.CSS_SELECTOR, "button[aria-label='Add tag']").click()
+    # The new tag shows in the dialog as a chip titled with its key, then "Save tags" writes it.
+    wait.until(ec.visibility_of_element_located(
+        (By.XPATH, f"//*[@role='dialog']//*[@role='status' and @title='{key}']")))
+    wait.until(ec.element_to_be_clickable(
+        (By.XPATH, "//*[@role='dialog']//button[normalize-space()='Save tags']"))).click()
+    wait.until(ec.invisibility_of_element_located((By.CSS_SELECTOR, "[role='dialog']")))
+    # Saved: the run page's tags now include it.
+    wait.until(ec.visibility_of_element_located(
+        (By.XPATH, f"//*[@role='status' and @title='{key}']")))
+
+
+def test_a_stop_set_in_the_ui_tag_editor_stops_the_run_at_its_next_boundary(
+        browser, server, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+    gate = _Gate()
+    rf = RFSFTTrainer(
+        model=tiny_model_path(),
+        args=RFSFTConfig(output_dir=str(tmp_path / "exp"), learning_rate=List(LRS),
+                         **{**cpu_training_kwargs(), "report_to": "mlflow"},
+                         per_device_train_batch_size=4, num_chunks=CHUNKS, max_steps=MAX_STEPS),
+        train_dataset=make_sft_dataset(32),
+        peft_config=tiny_lora_config(r=4),
+        callbacks=[gate],
+    )
+    gate.trainer = rf
+    rf.train(blocking=False)
+    try:
+        client = MlflowClient(server)
+        exp_id = client.get_experiment_by_name("exp").experiment_id
+        # The person opens the experiment while the runs train (the UI's scripts load
+        # meanwhile); the run's page is then a navigation inside the app.
+        browser.get(f"{server}/#/experiments/{exp_id}")
+        assert gate.reached.wait(timeout=180), "run-1 never reached its gate step"
+        (run,) = client.search_runs([exp_id], f"tags.`rapidfire.run` = '{TARGET}'")
+        run_id = run.info.run_id
+        # The run is in flight as the UI shows it (tags go out every two seconds).
+        _wait_for("run-1's running status in MLflow", lambda: client.get_run(
+            run_id).data.tags.get("rapidfire.status") == "running", timeout=30)
+        try:
+            _add_tag_in_ui(browser, server, exp_id, run_id, "rapidfire.op", "stop",
+                           SCREENSHOT if os.environ.get("RF_SAVE_SCREENSHOT") else None)
+        except Exception:
+            browser.save_screenshot(str(tmp_path / "failure.png"))
+            (tmp_path / "failure.html").write_text(browser.page_source, encoding="utf-8")
+            raise
+        assert client.get_run(run_id).data.tags.get("rapidfire.op") == "stop"
+    finally:
+        gate.release.set()
+        rf.wait(timeout=300)
+    assert not rf.training and not gate.timed_out
+
+    # Applied at the end of the chunk the tag landed in: step 4 of 8.
+    assert [(r.source, r.run, r.op, r.result) for r in rf.op_log] == [
+        ("tag", TARGET, "stop", "ok: stopped at step 4")]
+    runs = {r.name: r for r in rf.runs}
+    assert runs[TARGET].status == RunStatus.STOPPED
+    assert runs[TARGET].global_step == 4 < MAX_STEPS
+    for name in ("run-0", "run-2"):
+        assert runs[name].status == RunStatus.COMPLETED and runs[name].global_step == MAX_STEPS
+
+    # And the store says so, where the UI reads it.
+    tracker = rf.engine.tracker
+    for name, rf_status, status in ((TARGET, "stopped", "KILLED"),
+                                    ("run-0", "completed", "FINISHED"),
+                                    ("run-2", "completed", "FINISHED")):
+        got = client.get_run(tracker.run_id(name))
+        assert got.info.status == status, name
+        assert got.data.tags["rapidfire.status"] == rf_status, name
+    tags = client.get_run(run_id).data.tags
+    assert tags["rapidfire.op.result"].startswith("ok: stopped at step"), tags
+    assert "rapidfire.op" not in tags  # taken: the run's tag is free for the next op

@@ -1,0 +1,217 @@
+"""What every policy shares: the runs' histories it reads, the decisions it makes, the
+Policy ABC, combining several, and reading a metric at a chunk boundary."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from ...shared_state.runs import RunStatus
+
+
+@dataclass(frozen=True)
+class RunHistory:
+    """What a policy knows of one run.
+
+    Attributes:
+        name: the run's name.
+        status: its status now.
+        chunks_done: chunks trained so far.
+        chunks_total: chunks in its plan.
+        chunk_ends: the global step at the end of each chunk of its plan, in order.
+        log: the run's logged entries (``trainer.state.log_history``: dicts with ``step``).
+        knobs: its knob values.
+        parent: the run it was cloned from, if any.
+        training: a worker is training its next chunk right now (it has left its last
+            boundary: a decision about that boundary comes too late to save the chunk).
+    """
+
+    name: str
+    status: RunStatus
+    chunks_done: int
+    chunks_total: int
+    chunk_ends: tuple[int, ...]
+    log: tuple[Mapping[str, Any], ...] = ()
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+    parent: str | None = None
+    training: bool = False
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a policy sees at a chunk end.
+
+    Attributes:
+        runs: every run of the experiment by name (clones included, as they appear).
+        wall_seconds: time the experiment has trained so far, over all its sessions.
+    """
+
+    runs: Mapping[str, RunHistory]
+    wall_seconds: float = 0.0
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps trained so far, summed over every run."""
+        return sum(
+            h.chunk_ends[h.chunks_done - 1] if 0 < h.chunks_done <= len(h.chunk_ends) else 0
+            for h in self.runs.values()
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One automatic control op.
+
+    Attributes:
+        run: the run it applies to (for ``clone``: the parent).
+        action: ``stop`` (resumable), ``fail`` (with the reason), or ``clone``.
+        reason: why, as it should read in the op log (``by <policy>`` is added).
+        overrides: for ``clone``, the knob overrides.
+        warm: for ``clone``, start from the parent's weights.
+        by: the policy that decided (filled in by :class:`Policies`; empty: the policy
+            asked).
+    """
+
+    run: str
+    action: Literal["stop", "fail", "clone"]
+    reason: str
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    warm: bool = False
+    by: str = ""
+
+
+class Policy(ABC):
+    """Asked at every chunk end; returns the decisions to carry out (none: all continue)."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The logged metrics this policy judges runs by (its ``metric``, if it has one): an
+        ``eval_*`` one needs every run to evaluate, which is checked before anything trains."""
+        metric = getattr(self, "metric", None)
+        return (metric,) if isinstance(metric, str) else ()
+
+    @abstractmethod
+    def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
+        """``run`` has just finished a chunk; ``context`` shows every run as of now."""
+
+    def admits_new_runs(self, context: Context) -> bool:
+        """Whether an adaptive search may start another run now (a spent :class:`Budget`
+        says no: the runs it stopped would otherwise be replaced, one chunk each)."""
+        return True
+
+
+class Policies(Policy):
+    """Several policies asked in order; each run gets at most one stop or fail (the first).
+    Clones are not decisions about their parent: all of them are kept."""
+
+    def __init__(self, policies: Iterable[Policy]) -> None:
+        self.policies = list(policies)
+        for p in self.policies:
+            if not isinstance(p, Policy):
+                raise TypeError(f"{p!r} is not a Policy (SuccessiveHalving, Budget, ...)")
+
+    def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
+        decided: dict[str, Decision] = {}
+        out = []
+        for policy in self.policies:
+            for d in policy.on_chunk_end(run, context):
+                # The op log names the policy that decided, not this combination.
+                d = replace(d, by=d.by or policy.name)
+                if d.action != "clone":
+                    if d.run in decided:
+                        continue
+                    decided[d.run] = d
+                out.append(d)
+        return out
+
+    def admits_new_runs(self, context: Context) -> bool:
+        return all(p.admits_new_runs(context) for p in self.policies)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(m for p in self.policies for m in p.metrics))
+
+
+def metric_at(history: RunHistory, metric: str, chunks: int) -> float | None:
+    """The last value of ``metric`` (or ``eval_<metric>``) the run logged by the end of its
+    chunk number ``chunks`` (1-based); ``None`` if it logged none by then. NaN is returned
+    as NaN: the caller decides what it means."""
+    if chunks <= 0 or chunks > len(history.chunk_ends):
+        return None
+    end = history.chunk_ends[chunks - 1]
+    keys = (metric,) if metric.startswith("eval_") else (metric, f"eval_{metric}")
+    value = None
+    for entry in history.log:
+        if entry.get("step", math.inf) > end:
+            continue
+        for key in keys:
+            v = entry.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                value = float(v)
+                break
+    return value
+
+
+def chunk_values(history: RunHistory, metric: str) -> dict[int, float]:
+    """Step at the end of each finished chunk -> the last value of ``metric`` (or
+    ``eval_<metric>``) logged within that chunk; chunks without one are left out, NaN kept.
+    What Optuna calls a trial's intermediate values (the search and the pruner report them)."""
+    ends = history.chunk_ends[:max(history.chunks_done, 0)]
+    keys = (metric,) if metric.startswith("eval_") else (metric, f"eval_{metric}")
+    out: dict[int, float] = {}
+    for entry in history.log:
+        step = entry.get("step")
+        if not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0:
+            continue
+        chunk = bisect_left(ends, step)  # the first chunk whose end is at or after the step
+        if chunk == len(ends):
+            continue
+        for key in keys:
+            value = entry.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[ends[chunk]] = float(value)
+                break
+    return out
+
+
+def check_mode(mode: str) -> None:
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+
+
+def check_metric(metric: Any) -> None:
+    """A policy's metric is the name of a logged value (``eval_loss``, ``loss``, ...)."""
+    if not isinstance(metric, str) or not metric.strip():
+        raise ValueError(f"metric must name a logged value such as 'eval_loss' or 'loss', got "
+                         f"{metric!r}")
+
+
+def values_at(context: Context, metric: str, chunks: int) -> dict[str, float]:
+    """Each run's value of ``metric`` at ``chunks`` chunks, for the runs that got there (NaN
+    and missing values left out; deleted runs do not count)."""
+    out = {}
+    for other in context.runs.values():
+        if other.status == RunStatus.DELETED or other.chunks_done < chunks:
+            continue
+        value = metric_at(other, metric, chunks)
+        if value is not None and not math.isnan(value):
+            out[other.name] = value
+    return out
+
+
+def as_policy(policy: Policy | Sequence[Policy] | None) -> Policy | None:
+    """What the trainers accept as ``policy=``: one policy, a list of them, or ``None``."""
+    if policy is None or isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, Sequence) and not isinstance(policy, (str, bytes)):
+        return Policies(policy)
+    raise TypeError(f"policy must be a Policy (SuccessiveHalving(...), Budget(...)) or a list "
+                    f"of them, got {policy!r}")
