@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .base import (
-    Context,
-    Decision,
-    Policy,
-)
+from .base import Context, Decision, Policy
 
 
 class Budget(Policy):

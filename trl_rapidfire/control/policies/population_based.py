@@ -9,15 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...config.knobs import Knob
-from .base import (
-    Context,
-    Decision,
-    Policy,
-    check_metric,
-    check_mode,
-    metric_at,
-    values_at,
-)
+from .base import Context, Decision, Policy, check_metric, check_mode, metric_at, values_at
 
 
 class PopulationBased(Policy):

@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .base import (
-    Context,
-    Decision,
-    Policy,
-    check_metric,
-    check_mode,
-    metric_at,
-    values_at,
-)
+from .base import Context, Decision, Policy, check_metric, check_mode, metric_at, values_at
 
 
 class SuccessiveHalving(Policy):
