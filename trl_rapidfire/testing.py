@@ -449,6 +449,25 @@ def fsdp_on_cpu() -> None:
     Tests use it on both sides of an equivalence, the reference trained by plain TRL and the
     run trained by trl-rapidfire, so both shard.
     """
-    from .runtime.accelerate_state import install_fsdp_on_cpu
+    # A test bed's patch of accelerate, kept out of the package's wall around accelerate
+    # (runtime/accelerate_state.py), which only reads its mark.
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
 
-    install_fsdp_on_cpu()
+    from .runtime.accelerate_state import FSDP_ON_CPU_MARK, fsdp_on_cpu_installed
+
+    if fsdp_on_cpu_installed():
+        return
+    original = AcceleratorState.__init__
+
+    def init(self: Any, *args: Any, fsdp_plugin: Any = None, **kwargs: Any) -> None:
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if self.distributed_type != DistributedType.MULTI_CPU:
+            return
+        if fsdp_plugin is not None and getattr(self, "fsdp_plugin", None) is None:
+            self.fsdp_plugin = fsdp_plugin  # what accelerate does for GPUs
+        if getattr(self, "fsdp_plugin", None) is not None:
+            self.distributed_type = DistributedType.FSDP
+
+    setattr(init, FSDP_ON_CPU_MARK, True)
+    AcceleratorState.__init__ = init

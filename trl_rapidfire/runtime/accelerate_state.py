@@ -45,7 +45,7 @@ __all__ = [
     "enter_world_of_one",
     "fresh_accelerator_state",
     "fsdp_on_cpu_installed",
-    "install_fsdp_on_cpu",
+    "FSDP_ON_CPU_MARK",
     "launch_partial_state",
     "launch_world",
     "leave_launch_world",
@@ -272,30 +272,11 @@ def building_in(world: World, config: Any = None) -> Iterator[None]:
 
 # ----------------------------------------------------------------------------- FSDP on CPU (tests)
 
-def install_fsdp_on_cpu() -> None:
-    """Put an ``AcceleratorState`` that holds an FSDP plugin in a multi-process CPU world in
-    FSDP mode, as accelerate does on GPUs (see :func:`trl_rapidfire.testing.fsdp_on_cpu`).
-    Once per process; checked after every ``AcceleratorState()`` construction, because each
-    copies the process state's (CPU) mode over its own."""
-    from accelerate.utils import DistributedType
-
-    if fsdp_on_cpu_installed():
-        return
-    original = AcceleratorState.__init__
-
-    def init(self: Any, *args: Any, fsdp_plugin: Any = None, **kwargs: Any) -> None:
-        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
-        if self.distributed_type != DistributedType.MULTI_CPU:
-            return
-        if fsdp_plugin is not None and getattr(self, "fsdp_plugin", None) is None:
-            self.fsdp_plugin = fsdp_plugin  # what accelerate does for GPUs
-        if getattr(self, "fsdp_plugin", None) is not None:
-            self.distributed_type = DistributedType.FSDP
-
-    init.rf_fsdp_on_cpu = True  # type: ignore[attr-defined]
-    AcceleratorState.__init__ = init  # type: ignore[method-assign]
+# The mark :func:`trl_rapidfire.testing.fsdp_on_cpu` leaves on the AcceleratorState constructor
+# it wraps: the FSDP checks read it to let a CPU launch shard (tests only).
+FSDP_ON_CPU_MARK = "rf_fsdp_on_cpu"
 
 
 def fsdp_on_cpu_installed() -> bool:
-    """Whether :func:`install_fsdp_on_cpu` ran in this process."""
-    return bool(getattr(AcceleratorState.__init__, "rf_fsdp_on_cpu", False))
+    """Whether :func:`trl_rapidfire.testing.fsdp_on_cpu` ran in this process."""
+    return bool(getattr(AcceleratorState.__init__, FSDP_ON_CPU_MARK, False))
