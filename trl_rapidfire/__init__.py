@@ -19,7 +19,8 @@ _LAZY = {
     "RunSpec": "search.searches", "SearchError": "search.searches",
     "ExperimentFault": "storage.faults",
     "OptunaSearch": "integrations.optuna.search", "OptunaPruner": "integrations.optuna.pruner",
-    "RFSFTTrainer": "trainers", "RFDPOTrainer": "trainers", "RFGRPOTrainer": "trainers",
+    "RFSFTTrainer": "trainers.sft", "RFDPOTrainer": "trainers.dpo",
+    "RFGRPOTrainer": "trainers.grpo",
     "RunResult": "reports.results", "ChunkRecord": "storage.schedule",
 }  # fmt: skip
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_rapidfire.client.cli import main
+from trl_rapidfire.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

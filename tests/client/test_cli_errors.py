@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from trl_rapidfire.client.cli import main
+from trl_rapidfire.cli import main
 from trl_rapidfire.tracking.tracker import Tracker
 
 
@@ -155,10 +155,10 @@ def test_bad_flags_and_unknown_runs_are_one_line(argv, message, store, capsys):
 def test_a_half_created_store_holding_runs_is_one_line_naming_the_file(tmp_path, capsys):
     import sqlite3
 
-    from test_op_protocol import _half_created
+    from mlflow_stores import half_created
 
     db = tmp_path / "mlflow.db"
-    _half_created(db)
+    half_created(db)
     with sqlite3.connect(db) as con:
         con.execute("INSERT INTO experiments (experiment_id, name, lifecycle_stage) "
                     "VALUES (1, 'mine', 'active')")

@@ -6,15 +6,13 @@ store repaired or refused with one clear message."""
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 import warnings
 
 import pytest
 from mlflow import MlflowClient
+from mlflow_stores import half_created
 from transformers import TrainerCallback
 
 from trl_rapidfire.tracking.tracker import (
@@ -310,34 +308,9 @@ def test_repeated_ops_in_a_real_training_run_are_each_applied_and_answered(tmp_p
 
 # ---------------------------------------------------------------- a half-created store (B2)
 
-_KILL_MID_CREATION = textwrap.dedent("""
-    import os, signal, sys
-    import sqlalchemy
-    from sqlalchemy import event
-    from mlflow import MlflowClient
-
-    # A real kill -9, at a chosen statement of MLflow's schema creation: deterministic.
-    @event.listens_for(sqlalchemy.engine.Engine, "after_cursor_execute")
-    def _kill(conn, cursor, statement, *args):
-        if statement.strip().startswith("CREATE TABLE registered_models"):
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    MlflowClient(f"sqlite:///{sys.argv[1]}").search_experiments(max_results=1)
-""")
-
-
-def _half_created(db):
-    proc = subprocess.run([sys.executable, "-c", _KILL_MID_CREATION, str(db)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -9, proc.stderr[-2000:]
-    # What every later start met before the repair.
-    with pytest.raises(Exception, match="already exists"):
-        MlflowClient(f"sqlite:///{db}").search_experiments(max_results=1)
-
-
 def test_a_store_killed_while_created_is_moved_aside_and_created_again(tmp_path):
     db = tmp_path / "mlflow.db"
-    _half_created(db)
+    half_created(db)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tracker = Tracker(tmp_path / "exp", uri=f"sqlite:///{db}", **FAST)
@@ -354,7 +327,7 @@ def test_a_store_killed_while_created_is_moved_aside_and_created_again(tmp_path)
 
 def test_a_half_created_store_holding_runs_is_refused_with_one_clear_message(tmp_path):
     db = tmp_path / "mlflow.db"
-    _half_created(db)
+    half_created(db)
     # As if the interrupted creation had been an upgrade of a store in use.
     with sqlite3.connect(db) as con:
         con.execute("INSERT INTO experiments (experiment_id, name, lifecycle_stage) "

@@ -1,8 +1,8 @@
-"""The ``trl-rapidfire`` command line.
+"""The client's commands of the ``trl-rapidfire`` command line (:mod:`trl_rapidfire.cli` adds
+``expand``, which loads TRL: nothing here imports torch, TRL or the engine).
 
 Commands:
   version                 print the versions of trl-rapidfire and the stack under it
-  expand CONFIG.yaml      print the runs a YAML config group expands into (nothing is trained)
   dashboard               start the MLflow UI on 127.0.0.1 for the store in use
   status                  a table of the runs of an experiment
   stop|resume|delete RUN  control ops (applied by the experiment at its next chunk boundary)
@@ -21,7 +21,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from .. import __version__
 
@@ -45,26 +45,6 @@ def _cmd_version(_: argparse.Namespace) -> int:
             print(f"  {dist} {md.version(dist)}")
         except md.PackageNotFoundError:
             print(f"  {dist} (not installed)")
-    return 0
-
-
-def _cmd_expand(args: argparse.Namespace) -> int:
-    from trl import TrlParser
-
-    from ..config.configs import RFDPOConfig, RFGRPOConfig, RFSFTConfig
-    from ..reports.display import table
-    from ..search.searches import GridSearch, RandomSearch
-
-    config_class = {"sft": RFSFTConfig, "dpo": RFDPOConfig, "grpo": RFGRPOConfig}[args.trainer]
-    parser = TrlParser(dataclass_types=[config_class])
-    (config,) = parser.parse_args_and_config(["--config", args.config, *args.overrides])
-    search = (
-        RandomSearch(args.num_runs, seed=args.seed) if args.search == "random" else GridSearch()
-    )
-    runs = search.expand(config)
-    print(f"{len(runs)} run(s) from {args.config} with {search!r}, "
-          f"{config.num_chunks} chunk(s) per epoch:")
-    print(table(["run", "knobs"], [(r.name, r.describe()) for r in runs]))
     return 0
 
 
@@ -300,7 +280,13 @@ def _add_where(p: argparse.ArgumentParser, *, op: bool = False) -> None:
                        "for the script's next train()")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Adds commands to the command line's subparsers (what a layer above the client contributes).
+CommandRegistrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def build_parser(extra: Sequence[CommandRegistrar] = ()) -> argparse.ArgumentParser:
+    """The client's commands, plus those each of ``extra`` adds (see :mod:`trl_rapidfire.cli`:
+    ``expand`` loads TRL, which the client never imports)."""
     parser = argparse.ArgumentParser(
         prog="trl-rapidfire",
         description="Hyperparallel TRL fine-tuning: compare many configs at once, chunk by chunk.",
@@ -308,19 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("version", help="print the versions of trl-rapidfire and its stack")
     p.set_defaults(func=_cmd_version)
-    p = sub.add_parser(
-        "expand",
-        help="print the runs a YAML config group expands into (nothing is trained)",
-        description="Parse CONFIG (TrlParser YAML; knobs as {List: [...]} or "
-        "{Range: {low: .., high: .., log: true}}) and print its runs. Extra --flags override "
-        "the YAML, as with TRL scripts.",
-    )
-    p.add_argument("config", help="YAML file of RF config fields")
-    p.add_argument("--trainer", choices=["sft", "dpo", "grpo"], default="sft")
-    p.add_argument("--search", choices=["grid", "random"], default="grid")
-    p.add_argument("--num-runs", type=int, default=8, help="draws for --search random")
-    p.add_argument("--seed", type=int, default=0, help="seed for --search random")
-    p.set_defaults(func=_cmd_expand)
+
 
     p = sub.add_parser(
         "dashboard", help="start the MLflow UI on 127.0.0.1 for the store in use",
@@ -370,17 +344,21 @@ def build_parser() -> argparse.ArgumentParser:
                    "MLFLOW_EXPERIMENT_NAME or the base name of OUTPUT_DIR)")
     p.add_argument("--uri", help="tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
     p.set_defaults(func=_cmd_report)
+    for register in extra:
+        register(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``trl-rapidfire`` console script."""
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, *,
+         extra: Sequence[CommandRegistrar] = ()) -> int:
+    """Run one command of the client (and of ``extra``, see :func:`build_parser`): its exit
+    code. The ``trl-rapidfire`` console script is :func:`trl_rapidfire.cli.main`."""
+    parser = build_parser(extra)
     args, rest = parser.parse_known_args(argv)
     if getattr(args, "command", None) is None:
         parser.print_help()
         return 0
-    if rest and args.command != "expand":
+    if rest and not getattr(args, "takes_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.overrides = rest
     try:

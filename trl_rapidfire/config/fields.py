@@ -8,7 +8,11 @@ refuses to change what a clone keeps.
 
 from __future__ import annotations
 
-__all__ = ["CHUNK", "CLONE_KEEPS", "EXPERIMENT_WIDE", "RF_ONLY"]
+import dataclasses
+import functools
+import re
+
+__all__ = ["CHUNK", "CLONE_KEEPS", "EXPERIMENT_WIDE", "RF_ONLY", "allowed_values"]
 
 CHUNK = "chunk"
 """The trl-rapidfire value of ``eval_strategy``/``save_strategy``: act at every chunk end."""
@@ -27,3 +31,30 @@ CLONE_KEEPS = EXPERIMENT_WIDE | {"report_to"}
 """Fields a clone keeps from the experiment: the experiment-wide ones, and ``report_to`` (a
 knob may give runs different integrations, but a clone's metrics go where its parent's do: the
 experiment's tracker)."""
+
+
+# A name in TRL's help text: 'adamw_torch' or `adamw_torch` (read by allowed_values).
+_QUOTED = re.compile(r"`?'([A-Za-z0-9_]+)'`?|`([A-Za-z0-9_]+)`")
+
+
+@functools.cache
+def allowed_values(config_class: type, field_name: str) -> frozenset[str] | None:
+    """The names TRL accepts for ``field_name``, or None if they cannot be read reliably."""
+    fld = config_class.__dataclass_fields__.get(field_name)
+    if fld is None:
+        return None
+    if fld.metadata.get("choices"):
+        return frozenset(str(c) for c in fld.metadata["choices"])
+    help_text = " ".join(fld.metadata.get("help", "").split())
+    match = re.search(r"(?:Possible|Supported) values are:?(.*?)(?:\.\s|\.$|$)", help_text)
+    if not match:
+        return None
+    names = {a or b for a, b in _QUOTED.findall(match.group(1))}
+    default = fld.default if fld.default is not dataclasses.MISSING else None
+    if fld.default_factory is not dataclasses.MISSING:
+        produced = fld.default_factory()
+        default = produced[0] if isinstance(produced, list) and produced else produced
+    # The list must at least contain the default, or the text was not what we think it is.
+    if len(names) < 2 or (isinstance(default, str) and default not in names):
+        return None
+    return frozenset(names)

@@ -28,6 +28,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .fields import allowed_values
+
 __all__ = ["PreflightError", "allowed_values", "check_field_values", "check_run", "scalar_kind"]
 
 
@@ -41,7 +43,6 @@ _NAMED_VALUE_FIELDS = {
     "DPOConfig": ("loss_type", "f_divergence_type", "truncation_mode"),
     "GRPOConfig": ("loss_type", "importance_sampling_level"),
 }
-_QUOTED = re.compile(r"`?'([A-Za-z0-9_]+)'`?|`([A-Za-z0-9_]+)`")
 
 
 def _trl_base(config: Any) -> type | None:
@@ -49,29 +50,6 @@ def _trl_base(config: Any) -> type | None:
         if cls.__name__ in _NAMED_VALUE_FIELDS and cls.__module__.startswith("trl."):
             return cls
     return None
-
-
-@functools.cache
-def allowed_values(config_class: type, field_name: str) -> frozenset[str] | None:
-    """The names TRL accepts for ``field_name``, or None if they cannot be read reliably."""
-    fld = config_class.__dataclass_fields__.get(field_name)
-    if fld is None:
-        return None
-    if fld.metadata.get("choices"):
-        return frozenset(str(c) for c in fld.metadata["choices"])
-    help_text = " ".join(fld.metadata.get("help", "").split())
-    match = re.search(r"(?:Possible|Supported) values are:?(.*?)(?:\.\s|\.$|$)", help_text)
-    if not match:
-        return None
-    names = {a or b for a, b in _QUOTED.findall(match.group(1))}
-    default = fld.default if fld.default is not dataclasses.MISSING else None
-    if fld.default_factory is not dataclasses.MISSING:
-        produced = fld.default_factory()
-        default = produced[0] if isinstance(produced, list) and produced else produced
-    # The list must at least contain the default, or the text was not what we think it is.
-    if len(names) < 2 or (isinstance(default, str) and default not in names):
-        return None
-    return frozenset(names)
 
 
 def _check_named_values(config: Any) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..runtime.workers import process_alive
+from ..runtime.worker_info import process_alive
 from ..shared_state.runs import RunState
 from ..storage.layout import Layout, run_order
 from ..storage.names import UntrustedValue

@@ -22,6 +22,7 @@ import typing
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from ..config.fields import allowed_values
 from ..storage.names import UntrustedValue
 
 __all__ = ["UntrustedValue", "check_tag_override"]
@@ -79,8 +80,6 @@ def _enumerated(cls: type | None, name: str) -> frozenset[str] | None:
             stack.extend(typing.get_args(tp))
     if names:
         return frozenset(names)
-    from ..config.preflight import allowed_values
-
     for base in cls.__mro__:
         if dataclasses.is_dataclass(base) and name in base.__dataclass_fields__:
             found = allowed_values(base, name)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..runtime.workers import WorkerInfo
+from ..runtime.worker_info import WorkerInfo
 from ..shared_state.run_queue import RunQueue
 from ..shared_state.runs import RunState, RunStatus
 from ..shared_state.store import (

@@ -26,7 +26,8 @@ from ..reports.results import RunResult
 from ..runtime.cache import StateCache
 from ..runtime.models import ModelGroup, ModelPool
 from ..runtime.switch import RunCoroutine
-from ..runtime.workers import WorkerInfo, current_worker
+from ..runtime.worker_info import WorkerInfo
+from ..runtime.workers import current_worker
 from ..shared_state.runs import RunStatus
 from ..shared_state.state_file import FileStore
 from ..shared_state.store import StateStore, is_proposal

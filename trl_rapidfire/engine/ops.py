@@ -24,7 +24,7 @@ from ..control.ops import (
 )
 from ..control.policies import Context, Policy
 from ..runtime.cache import save_tree
-from ..runtime.workers import WorkerInfo
+from ..runtime.worker_info import WorkerInfo
 from ..shared_state.runs import RunState, RunStatus, status_op_refusal
 from ..shared_state.store import StateStore, disband_forming_gang
 from ..storage.faults import ExperimentFault, disk_fault

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from ..config.knobs import describe_value
 from ..control.ops import OpError, parse_op
-from ..runtime.workers import launcher_gone
+from ..runtime.worker_info import launcher_gone
 from ..shared_state.store import StateStore, renew
 from ..storage.faults import ExperimentFault, disk_fault, fault_message
 from ..storage.outside_text import STATE_BYTES, OutsideTextError

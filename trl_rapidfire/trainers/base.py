@@ -30,7 +30,8 @@ from ..reports.results import RunResult, pick_best
 from ..runtime.accelerate_state import left_as_found, restore_accelerate_state
 from ..runtime.cache import StateCache
 from ..runtime.models import ModelPool
-from ..runtime.workers import current_worker, lease_seconds
+from ..runtime.worker_info import lease_seconds
+from ..runtime.workers import current_worker
 from ..search.fingerprint import experiment_fingerprint
 from ..search.searches import AdaptiveSearch, GridSearch, Search
 from ..storage.layout import Layout
