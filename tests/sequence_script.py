@@ -59,7 +59,7 @@ class _Interrupt(TrainerCallback):
 
 
 def rf_sft_bf16(out: Path) -> Weights:
-    from trl_rapidfire.trainers import RFSFTTrainer
+    from trl_rapidfire import RFSFTTrainer
 
     RFSFTTrainer(
         model=tiny_model_path(),
@@ -72,7 +72,7 @@ def rf_sft_bf16(out: Path) -> Weights:
 
 
 def rf_dpo(out: Path) -> Weights:
-    from trl_rapidfire.trainers import RFDPOTrainer
+    from trl_rapidfire import RFDPOTrainer
 
     RFDPOTrainer(
         model=tiny_model_path(seed=1),  # another base model
@@ -98,7 +98,7 @@ def plain_sft(out: Path) -> Weights:
 
 def rf_fails(out: Path) -> None:
     from trl_rapidfire.engine import RunFailure
-    from trl_rapidfire.trainers import RFSFTTrainer
+    from trl_rapidfire import RFSFTTrainer
 
     trainer = RFSFTTrainer(
         model=tiny_model_path(),
@@ -115,7 +115,7 @@ def rf_fails(out: Path) -> None:
 
 
 def rf_interrupted(out: Path) -> None:
-    from trl_rapidfire.trainers import RFSFTTrainer
+    from trl_rapidfire import RFSFTTrainer
 
     trainer = RFSFTTrainer(
         model=tiny_model_path(),

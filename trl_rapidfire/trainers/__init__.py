@@ -1,20 +1,8 @@
-"""The RF trainers: drop-in subclasses of TRL's trainers that train many configs at once.
+"""The RF trainers: drop-in subclasses of TRL's trainers that train many configs at once
+(:mod:`.sft`, :mod:`.dpo`, :mod:`.grpo`, on :mod:`.base`), the composition of a run
+(:mod:`.run_builder`), and the command-line commands that load TRL (:mod:`.commands`).
 
-Each loads on first use (TRL's stack takes seconds to import): the command line imports
-:mod:`.commands` from here without loading any trainer.
+May import every layer below it. Nothing is imported here: the command line loads
+:mod:`.commands` without TRL's stack (seconds), and ``from trl_rapidfire import RFSFTTrainer``
+loads its own module.
 """
-
-_TRAINERS = {"RFDPOTrainer": "dpo", "RFGRPOTrainer": "grpo", "RFSFTTrainer": "sft"}
-
-
-def __getattr__(name: str):
-    import importlib
-
-    if name in _TRAINERS:
-        value = getattr(importlib.import_module(f".{_TRAINERS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["RFDPOTrainer", "RFGRPOTrainer", "RFSFTTrainer"]
