@@ -97,8 +97,8 @@ def plain_sft(out: Path) -> Weights:
 
 
 def rf_fails(out: Path) -> None:
-    from trl_rapidfire.engine import RunFailure
     from trl_rapidfire import RFSFTTrainer
+    from trl_rapidfire.engine import RunFailure
 
     trainer = RFSFTTrainer(
         model=tiny_model_path(),

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from trl_rapidfire import RFSFTConfig
-from trl_rapidfire.config.cadence import CheckpointCadence, parse_cadence
+from trl_rapidfire.config.cadence import parse_cadence
 from trl_rapidfire.config.configs import RFConfigError
 from trl_rapidfire.shared_state.runs import RunState
 from trl_rapidfire.shared_state.state_file import FileStore
 from trl_rapidfire.shared_state.store import ExperimentState, claim_next, finish_chunk, mark_durable
+from trl_rapidfire.storage.checkpoints import CheckpointCadence
 
 LEASE = 30.0
 

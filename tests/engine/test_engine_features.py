@@ -269,7 +269,7 @@ def test_keyboard_interrupt_stops_the_experiment_and_unwinds_every_run(model_pat
     with pytest.raises(KeyboardInterrupt):
         rf.train()
     slots = rf.engine.slots.values()
-    assert all(s.coroutine.finished for s in slots)  # nothing left suspended
+    assert all(s.turn.coroutine.finished for s in slots)  # nothing left suspended
     assert not any(s.state.status == RunStatus.FAILED for s in slots)  # not the run's fault
 
 

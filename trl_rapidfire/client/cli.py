@@ -167,13 +167,14 @@ def _status_of_folder(output_dir: str) -> int:
     layout = Layout(output_dir)
     last = {event.run: event.result for event in read_ops(layout.ops_log)}
     trials = {e.run: e.trial for e in read_search_log(layout.search_log) if e.trial}
+    runs = folder_runs(output_dir)
     rows = [[r.name, r.status.value, r.global_step, r.chunks_done, last.get(r.name, "")]
-            for r in folder_runs(output_dir)]
+            for r in runs]
     headers = ["run", "status", "steps", "chunks", "last op"]
     if trials:  # an adaptive search: which trial of its study each run is
         headers.insert(1, "trial")
-        for row in rows:
-            row.insert(1, trials.get(row[0], "-"))
+        for r, row in zip(runs, rows):
+            row.insert(1, trials.get(r.name, "-"))
     who = alive(layout)
     state = "training" if who is not None else "not training"
     where = f" (pid {who.pid} on {who.host})" if who is not None else ""

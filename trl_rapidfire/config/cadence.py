@@ -16,36 +16,17 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 
+from ..storage.checkpoints import CheckpointCadence
 from .errors import RFConfigError
 
-__all__ = ["DEFAULT_CADENCE", "CheckpointCadence", "parse_cadence"]
+__all__ = ["parse_cadence"]
 
 _UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0, "m": 60.0, "min": 60.0,
           "minute": 60.0, "minutes": 60.0, "h": 3600.0, "hour": 3600.0, "hours": 3600.0}
 _FORM = re.compile(r"^\s*(?:every\s+)?(\d+(?:\.\d+)?)?\s*([a-z]*)\s*$")
 _HINT = ('Use e.g. checkpoint_every="60s" (at most every 60 s of a run\'s training), "5m", '
          '"4 chunks", or "chunk" (every chunk boundary).')
-
-
-@dataclass(frozen=True)
-class CheckpointCadence:
-    """When a run's boundary is made durable: after ``seconds`` of its training since its
-    last durable point, or after ``chunks`` chunks (one of the two is set)."""
-
-    seconds: float | None = None
-    chunks: int | None = None
-
-    def due(self, chunks_since: int, seconds_since: float) -> bool:
-        """Whether the boundary just reached is written: ``chunks_since`` chunks and
-        ``seconds_since`` seconds of the run's training since its last durable point."""
-        if self.chunks is not None:
-            return chunks_since >= self.chunks
-        return seconds_since >= (self.seconds or 0.0)
-
-
-DEFAULT_CADENCE = CheckpointCadence(seconds=60.0)
 
 
 def parse_cadence(value: object, field: str = "checkpoint_every") -> CheckpointCadence:

@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import enum
 import functools
 import types
 import typing
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trl import DPOConfig, GRPOConfig, SFTConfig
 
@@ -35,6 +36,9 @@ from .fsdp import gang_config, is_gang_config, normalize_fsdp_config, validating
 from .knobs import Knob, List, Range, is_knob, knob_from_json
 from .preflight import PreflightError, check_field_values, scalar_kind
 from .removed_options import DPO_REMOVED, GRPO_REMOVED, Removed
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 # RFConfigError, is_gang_config and normalize_fsdp_config live in lower modules (so that those
 # can raise and use them); this is where users import them from.
@@ -92,7 +96,7 @@ def _numeric(tp: Any) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def _strategy_field(parent: type, name: str) -> Any:
+def _strategy_field(parent: type[DataclassInstance], name: str) -> Any:
     """Redeclare ``eval_strategy``/``save_strategy`` as plain strings so ``"chunk"`` parses.
 
     HfArgumentParser derives argparse ``choices`` from the field's enum type; redeclaring the
@@ -102,6 +106,7 @@ def _strategy_field(parent: type, name: str) -> Any:
     enum_type = next(
         m for m in _type_members(_field_types(parent)[name]) if isinstance(m, type) and m is not str
     )
+    assert issubclass(enum_type, enum.Enum)  # transformers' IntervalStrategy / SaveStrategy
     choices = [e.value for e in enum_type] + [CHUNK]
     help_text = original.metadata.get("help", "") + (
         f' trl-rapidfire adds "{CHUNK}": act at every chunk end.'
@@ -158,10 +163,17 @@ class RFConfigMixin:
         },
     )
 
-    # The TRL class each run's concrete config is an instance of.
-    trl_config_class: ClassVar[type]
+    # The TRL class each run's concrete config is an instance of. (typing.get_type_hints reads
+    # this annotation at run time: it names only what is imported at run time.)
+    trl_config_class: ClassVar[type[SFTConfig | DPOConfig | GRPOConfig]]
     _removed_options: ClassVar[dict[str, Removed]] = {}
     _rf_only_fields: ClassVar[frozenset[str]] = RF_ONLY
+
+    if TYPE_CHECKING:
+        # Set by __post_init__ (object.__setattr__), never dataclass fields: declared for the
+        # type checker only, as fields it is told not to put in __init__.
+        _rf_raw: dict[str, Any] = field(init=False)  # what the user wrote, knobs included
+        _rf_knobs: dict[str, Knob] = field(init=False)  # the fields that hold a knob
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -238,7 +250,10 @@ class RFConfigMixin:
         object.__setattr__(self, "_rf_knobs", knobs)
 
     def _collect_knobs(self, raw: dict[str, Any]) -> dict[str, Knob]:
-        types = _field_types(type(self))
+        # Typed `type`: mypy finds type[RFConfigMixin] unhashable, a class being hashable
+        # (python/mypy#11470).
+        owner: type = type(self)
+        types = _field_types(owner)
         knobs: dict[str, Knob] = {}
         for name, value in raw.items():
             tp = types.get(name, Any)
@@ -405,7 +420,10 @@ def _check_warmup_ratio(ratio: Any, warmup_steps: Any) -> None:
 
 
 def _first_value(knob: Knob) -> Any:
-    return knob.values[0] if isinstance(knob, List) else knob.low
+    if isinstance(knob, List):
+        return knob.values[0]
+    assert isinstance(knob, Range)  # a knob is a List or a Range
+    return knob.low
 
 
 def _copied(value: Any) -> Any:

@@ -40,6 +40,7 @@ _QUOTED = re.compile(r"`?'([A-Za-z0-9_]+)'`?|`([A-Za-z0-9_]+)`")
 @functools.cache
 def allowed_values(config_class: type, field_name: str) -> frozenset[str] | None:
     """The names TRL accepts for ``field_name``, or None if they cannot be read reliably."""
+    assert dataclasses.is_dataclass(config_class)  # TRL's configs are dataclasses
     fld = config_class.__dataclass_fields__.get(field_name)
     if fld is None:
         return None

@@ -109,7 +109,7 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def validating_world(kwargs: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+def validating_world(kwargs: dict[str, Any]) -> contextlib.AbstractContextManager[object]:
     """Where an RF config checks a candidate's values with TRL's ``__post_init__``: an FSDP
     candidate under a launch in the launch's world, as its run's config is built
     (:func:`gang_config`); anything else in this worker's world. Accelerate's state is left

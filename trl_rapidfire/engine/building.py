@@ -11,7 +11,7 @@ from typing import Any
 from ..runtime.models import ModelGroup
 from ..runtime.residency import Residency
 from .chunks import ChunkPlan, plan_chunks, training_steps
-from .records import RunSlot
+from .records import Outcome, RunSlot
 from .run_trainer import NewRun, RunTrainer
 
 __all__ = ["new_slot", "plan_for", "register_failed"]
@@ -81,11 +81,11 @@ def register_failed(
     slot = RunSlot(
         name=name, index=index, knobs=knobs, trainer=None, group=group, adapter=None,
         residency=Residency(key=name, params=[]), plan=ChunkPlan(0, 0, 0, ()),
-        run_dir=Path(run_dir), finished=True,
+        run_dir=Path(run_dir), outcome=Outcome(finished=True),
     )
     slot.record_error(error)
     slot.state.fail(slot.failure)
     slots[name] = slot
-    warnings.warn(f"{name} failed before training: {slot.error}", RuntimeWarning,
+    warnings.warn(f"{name} failed before training: {slot.outcome.error}", RuntimeWarning,
                   stacklevel=stacklevel)
     return slot

@@ -52,12 +52,12 @@ class ChunkCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
         slot = self.slot
-        if slot.warm_optimizer_state is not None:
+        if slot.warm.optimizer_state is not None:
             self.host.load_warm_optimizer_state(slot)
-        if slot.warm_checkpoint is not None:
+        if slot.warm.checkpoint is not None:
             if state.global_step == 0:
-                slot.trainer.rf_warm_start_from(slot.warm_checkpoint)
-            slot.warm_checkpoint = None
+                slot.live_trainer().rf_warm_start_from(slot.warm.checkpoint)
+            slot.warm.checkpoint = None
         batches = _length(train_dataloader)
         if batches is not None:
             # The dataloader the Trainer built is the truth (GRPO repeats every generation
@@ -76,19 +76,19 @@ class ChunkCallback(TrainerCallback):
         step = int(state.global_step)
         for key, value in (logs or {}).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.slot.points.append((key, float(value), step, now))
+                self.slot.turn.points.append((key, float(value), step, now))
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if state.global_step in self.slot.plan.boundaries:
             # On resume the Trainer puts the random streams back *before* the next epoch
             # shuffles its data: a boundary at an epoch end records them as of now.
-            self.slot.epoch_end_rng = (state.global_step, RngState.capture())
+            self.slot.turn.epoch_end_rng = (state.global_step, RngState.capture())
 
     def on_step_begin(self, args, state, control, **kwargs):
         slot = self.slot
         step = state.global_step
-        if step in slot.plan.boundaries and step not in slot.yielded_at:
-            slot.yielded_at.add(step)
+        if step in slot.plan.boundaries and step not in slot.turn.yielded_at:
+            slot.turn.yielded_at.add(step)
             # A run gone to inf/nan fails here, before its state is kept (divergence.py).
             check_finite(slot, step)
             # Here the next step's batches are fetched and nothing else has moved: exactly
@@ -102,14 +102,14 @@ class ChunkCallback(TrainerCallback):
             if slot.chunk_eval:
                 control.should_evaluate = True
                 # Evaluation must not move the run's random streams.
-                slot.eval_rng = RngState.capture()
+                slot.turn.eval_rng = RngState.capture()
             if slot.chunk_save:
                 control.should_save = True
 
     def on_evaluate(self, args, state, control, **kwargs):
-        if self.slot.eval_rng is not None:
-            self.slot.eval_rng.restore()
-            self.slot.eval_rng = None
+        if self.slot.turn.eval_rng is not None:
+            self.slot.turn.eval_rng.restore()
+            self.slot.turn.eval_rng = None
 
 
 def _length(dataloader: Any) -> int | None:

@@ -96,14 +96,14 @@ class Clones:
             if warm_from is None:
                 warm_from = link_folder(self.last_checkpoint(parent),
                                         self.layout.warm_dir(slot.name))
-            slot.warm_checkpoint = Path(warm_from)
+            slot.warm.checkpoint = Path(warm_from)
             return
         if warm_from is not None:  # made by another worker, or before a re-run
             tree = load_tree(warm_from)
             values, states = list(tree["params"]), list(tree["optimizer"])
         else:
             values, states = self.parent_state(parent)
-            slot.warm_state_tree = {"params": values, "optimizer": states}
+            slot.warm.state_tree = {"params": values, "optimizer": states}
         params = slot.residency.params
         if [tuple(p.shape) for p in params] != [tuple(v.shape) for v in values]:
             raise OpError(f"warm start of {slot.name} from {parent.name}: the trainable "
@@ -116,13 +116,13 @@ class Clones:
         else:
             # Full fine-tuning: the clone's weights are swapped in at its first turn.
             slot.residency.park_values(self.cache, values)
-        slot.warm_optimizer_state = states
+        slot.warm.optimizer_state = states
 
     def parent_state(self, slot: RunSlot) -> tuple[list[torch.Tensor], list[Any]]:
         """Copies of ``slot``'s parameter values and per-parameter optimizer state, as of its
         last finished chunk (for a warm-started clone)."""
         optimizer = slot.trainer.optimizer if slot.trainer is not None else None
-        if slot.state.chunks_done > slot.local_chunks:
+        if slot.state.chunks_done > slot.turn.local_chunks:
             # Trained by another worker or an earlier process: its state is its checkpoint.
             return self._state_on_disk(slot)
         try:
@@ -152,7 +152,7 @@ class Clones:
             group.attach(slot.adapter)  # its parameters' names are read from the model
         own = {id(p) for p in slot.residency.params}
         named = [(n, p) for n, p in model.named_parameters() if id(p) in own]
-        decay = set(slot.trainer.get_decay_parameter_names(model))
+        decay = set(slot.live_trainer().get_decay_parameter_names(model))
         try:
             return run_state_from_checkpoint(ckpt, named, slot.adapter, decay)
         except LookupError as err:

@@ -39,8 +39,18 @@ from ..storage.faults import checkpoint_fault
 from ..storage.schedule import ChunkRecord, ScheduleAppender, read_schedule_csv, write_schedule_csv
 from .catch_up import catch_up_from_disk
 from .claims import Claim, Done, GangWait, Retry, Turn, Wait
-from .records import PendingChunk, RunSlot
-from .support import FaultNote, WallClock, json_knobs
+from .faults import FaultNote
+from .lifetime import WallClock
+from .records import (
+    ClaimLost,
+    DiskFault,
+    PendingChunk,
+    Recorded,
+    Recording,
+    RunSlot,
+    StateUnwritable,
+    WriteFailed,
+)
 
 __all__ = ["Claim", "Coordinator", "Done", "GangWait", "Retry", "Turn", "Wait"]
 
@@ -106,9 +116,9 @@ class Coordinator:
                 if slot.gang:
                     st.gang_size[slot.name] = slot.gang
                 if slot.name not in st.runs:
-                    st.add_run(slot.name, len(slot.plan), json_knobs(slot.knobs))
+                    st.add_run(slot.name, len(slot.plan), slot.json_knobs())
                     if slot.trainer is None:
-                        st.runs[slot.name].fail(slot.error or "could not be set up")
+                        st.runs[slot.name].fail(slot.outcome.error or "could not be set up")
             expire(st, now=time.time(), lease_seconds=self.lease_seconds)
             # Volatile chunks this process trained with an earlier trainer (one that met a
             # disk fault, say) went with it: this engine holds none of them yet.
@@ -134,14 +144,14 @@ class Coordinator:
         before = slot.state
         slot.state = record
         if (record.status == RunStatus.STOPPED and before.status != RunStatus.STOPPED
-                and slot.volatile_chunks):
+                and slot.durability.volatile_chunks):
             self.stopped_volatile.append(slot)
         if record.status == RunStatus.DELETED and before.status != RunStatus.DELETED:
             self._forget(slot)
             return
-        if record.status == RunStatus.FAILED and slot.error is None:
-            slot.error = record.error
-        if record.chunks_done > slot.local_chunks:  # behind: another worker went on
+        if record.status == RunStatus.FAILED and slot.outcome.error is None:
+            slot.outcome.error = record.error
+        if record.chunks_done > slot.turn.local_chunks:  # behind: another worker went on
             catch_up_from_disk(slot, record)
 
     def sync(self, st: Any) -> None:
@@ -159,7 +169,7 @@ class Coordinator:
                 continue
             # An unchanged record of a run this worker is not behind on changes nothing.
             if record is not None and (record != slot.state
-                                       or record.chunks_done > slot.local_chunks):
+                                       or record.chunks_done > slot.turn.local_chunks):
                 self.adopt(slot, record.copy())
 
     def _take_changes(self, st: Any) -> None:
@@ -291,9 +301,9 @@ class Coordinator:
         """Have ``slot``'s chunk recorded once its checkpoint is on disk: by the background
         writer, right after the checkpoint (one fsync'd transaction per chunk, none on the
         switch path); with no checkpoint written, by the next claim."""
-        write, slot.write = slot.write, None
-        entry = PendingChunk(slot, record, complete=slot.finished, chunks_total=len(slot.plan),
-                         durable=write is not None)
+        write, slot.durability.write = slot.durability.write, None
+        entry = PendingChunk(slot, record, complete=slot.outcome.finished,
+                             chunks_total=len(slot.plan), durable=write is not None)
         self._pending.append(entry)
         if write is not None:
             entry.committed = concurrent.futures.Future()
@@ -313,13 +323,13 @@ class Coordinator:
                 with self.store.transaction() as st:
                     outcome = self._store_record(st, entry, error)
             except BaseException as exc:  # noqa: BLE001 - raised in the loop, not lost here
-                outcome = ("raised", exc)
+                outcome = StateUnwritable(exc)
             entry.outcome = outcome
             assert entry.committed is not None  # only an entry with a write is committed here
             entry.committed.set_result(None)
 
     def _store_record(self, st: Any, entry: PendingChunk, error: BaseException | None
-                      ) -> tuple[str, Any]:
+                      ) -> Recording:
         """Inside a transaction: the chunk recorded as done, or released (a disk fault: the
         previous boundary stays on disk and recorded, a re-run trains the chunk again from
         there; nothing is failed), or the run failed (its checkpoint could not be written)."""
@@ -327,19 +337,19 @@ class Coordinator:
         fault = checkpoint_fault(error)
         if fault is not None:
             release(st, name, self.worker.id)
-            return ("fault", fault)
+            return DiskFault(fault)
         if error is not None:
             message = f"writing its checkpoint failed: {type(error).__name__}: {error}"
             fail_claimed(st, name, self.worker.id, message)
-            return ("failed", message)
+            return WriteFailed(message)
         if st.chunks_total.get(name) != entry.chunks_total:  # journalled only when replanned
             st.chunks_total[name] = entry.chunks_total
         if finish_chunk(st, name, self.worker.id, entry.record.number,
                         global_step=entry.record.end_step, complete=entry.complete,
                         durable=entry.durable):
             self._rows.append(entry.record)
-            return ("ok", st.runs[name].chunks_done)
-        return ("lost", None)
+            return Recorded(st.runs[name].chunks_done)
+        return ClaimLost()
 
     def _settle(self) -> None:
         """Take in the chunks the writer recorded (``_commits`` held): this worker's view of
@@ -349,25 +359,25 @@ class Coordinator:
             if entry.outcome is None:
                 left.append(entry)
                 continue
-            kind, detail = entry.outcome
             slot = entry.slot
-            if kind == "raised":  # the shared state could not be written: as if here
-                self._pending = left + self._pending[self._pending.index(entry) + 1:]
-                raise detail
-            if kind == "fault":
-                self._fault.note(detail)
-                continue
-            if kind == "failed":
-                slot.error = detail
-            elif kind == "ok":
-                self.schedule.append(entry.record)
-                slot.local_chunks = detail
-            else:
-                warnings.warn(f"{slot.name}: this worker lost its claim on chunk "
-                              f"{entry.record.number} (lease expired); another worker redoes "
-                              "it.", RuntimeWarning, stacklevel=5)
-                slot.local_chunks = -1
-                self._resync(slot)
+            match entry.outcome:
+                case StateUnwritable(exception):  # as if raised here
+                    self._pending = left + self._pending[self._pending.index(entry) + 1:]
+                    raise exception
+                case DiskFault(message):
+                    self._fault.note(message)
+                    continue
+                case WriteFailed(error):
+                    slot.outcome.error = error
+                case Recorded(chunks_done):
+                    self.schedule.append(entry.record)
+                    slot.turn.local_chunks = chunks_done
+                case ClaimLost():
+                    warnings.warn(f"{slot.name}: this worker lost its claim on chunk "
+                                  f"{entry.record.number} (lease expired); another worker "
+                                  "redoes it.", RuntimeWarning, stacklevel=5)
+                    slot.turn.local_chunks = -1
+                    self._resync(slot)
             self._settled.append(slot)
         self._pending = left
 
@@ -441,10 +451,10 @@ class Coordinator:
                 if not ready and time.time() > deadline:
                     joined = len(st.gang["members"])
                     release(st, slot.name, self.worker.id)
-                    slot.error = (f"its gang of {slot.gang} workers did not form within "
+                    slot.outcome.error = (f"its gang of {slot.gang} workers did not form within "
                                   f"{self.gang_wait_seconds:g} s ({joined} joined): are all "
                                   "the launch's workers still in train()?")
-                    st.runs[slot.name].fail(slot.error)
+                    st.runs[slot.name].fail(slot.outcome.error)
                     self.sync(st)
                     return GangWait.TIMED_OUT
                 renew(st, slot.name, self.worker.id, now=time.time(),
@@ -472,15 +482,16 @@ class Coordinator:
         with self._transaction() as st:
             st.chunks_total[slot.name] = len(slot.plan)
             last = finish_gang_chunk(st, slot.name, self.worker.id, record.number,
-                                     global_step=record.end_step, complete=slot.finished)
+                                     global_step=record.end_step, complete=slot.outcome.finished)
             if last:
                 self._rows.append(record)
             if last is not False:
                 self.schedule.append(record)
-                slot.local_chunks = record.number + 1 if not slot.finished else len(slot.plan)
+                slot.turn.local_chunks = (record.number + 1 if not slot.outcome.finished
+                                          else len(slot.plan))
             else:
                 warnings.warn(f"{slot.name}: its gang broke up during chunk {record.number}; "
                               "the chunk is trained again.", RuntimeWarning, stacklevel=4)
-                slot.local_chunks = -1
+                slot.turn.local_chunks = -1
                 self._resync(slot)
             self.sync(st)

@@ -17,7 +17,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..config.cadence import DEFAULT_CADENCE, CheckpointCadence
 from ..control.folder_control import mark_alive, mark_ended
 from ..control.ops import OpRecord, OpSource
 from ..control.policies import Policy
@@ -31,6 +30,7 @@ from ..runtime.workers import current_worker
 from ..shared_state.runs import RunStatus
 from ..shared_state.state_file import FileStore
 from ..shared_state.store import StateStore, is_proposal
+from ..storage.checkpoints import DEFAULT_CADENCE, CheckpointCadence
 from ..storage.faults import ExperimentFault, disk_fault, fault_message
 from ..storage.layout import Layout
 from ..storage.names import check_run_name, inside
@@ -40,12 +40,13 @@ from .building import new_slot, register_failed
 from .clones import Clones
 from .coordination import Claim, Coordinator, Done, GangWait, Retry, Turn, Wait
 from .durability import make_durable, write_stopped
+from .faults import FaultNote
+from .lifetime import LeaseKeeper, WallClock, install_sigint, orphaned
 from .ops import OpsDesk
 from .proposals import Proposals, Proposer
 from .records import EngineStats, LoopHooks, RunSlot, WeightsAt
 from .reporting import Reporter
 from .run_trainer import NewRun, RunFactory
-from .support import FaultNote, LeaseKeeper, WallClock, install_sigint, orphaned
 from .turns import Turns
 
 __all__ = ["Engine"]
@@ -180,7 +181,7 @@ class Engine:
         """Make ``name``'s weights the live ones in its model (after training, for the best
         run: ``trainer.model``, ``save_model()``, ``evaluate()``)."""
         slot = self.slots[name]
-        if slot.weights is WeightsAt.FINAL:
+        if slot.turn.weights is WeightsAt.FINAL:
             # Trained to the end elsewhere: its final weights are on disk.
             self._switch_in(slot)
             self._turns.load_final(slot)
@@ -369,8 +370,8 @@ class Engine:
         """Train the claimed chunk: switch the run in, resume it until its next boundary (or
         its end), switch it out, and record the chunk (or release or fail it)."""
         slot, chunk_number, shared = claim.slot, claim.chunk, self._shared
-        if slot.state.chunks_done > slot.local_chunks or (
-            slot.state.chunks_done and slot.coroutine is None and slot.resume_from is None
+        if slot.state.chunks_done > slot.turn.local_chunks or (
+            slot.state.chunks_done and slot.turn.coroutine is None and slot.turn.resume_from is None
         ):
             try:
                 self._turns.continue_from_disk(slot)
@@ -390,13 +391,13 @@ class Engine:
         chunk = slot.plan.chunks[chunk_number] if chunk_number < len(slot.plan) else None
         start_step = chunk.start_step if chunk is not None else slot.state.global_step
         self._switch_in(slot)
-        if slot.coroutine is None:
+        if slot.turn.coroutine is None:
             # Its train() starts with a full gc.collect() (accelerate's free_memory): what the
             # runs started before it made (optimizers, dataloaders, suspended frames) lives on,
             # and frozen it is not scanned again, so a run's start does not grow with the
             # number of runs started before it.
             gc.freeze()
-            slot.coroutine = RunCoroutine(lambda: self._turns.run_main(slot), name=slot.name)
+            slot.turn.coroutine = RunCoroutine(lambda: self._turns.run_main(slot), name=slot.name)
         if self._progress is not None:
             self._progress.start(slot.name)
         t0 = time.time()
@@ -404,30 +405,30 @@ class Engine:
         self._lease.hold(slot.name, self._shared.lease_seconds)
         self._turns.open_writes()  # the previous run's checkpoint is written while this trains
         try:
-            slot.coroutine.resume()
+            slot.turn.coroutine.resume()
         finally:
             self._lease.drop()
             self._reporter.set_active(False)  # ...and waits while the engine switches
         t1 = time.time()
         self._turns.switch_out(slot)
-        end_step = int(slot.trainer.state.global_step)
+        end_step = int(slot.live_trainer().state.global_step)
         shared.turn_over()
 
-        if slot.fault is not None:
+        if slot.outcome.fault is not None:
             # Its train() is gone; the chunk is trained again, by a re-run, from the last
             # boundary on disk (kept until a newer one is recorded).
-            self._fault.note(slot.fault)
-            slot.fault, slot.coroutine = None, None
+            self._fault.note(slot.outcome.fault)
+            slot.outcome.fault, slot.turn.coroutine = None, None
             shared.release(slot)
             return
-        moved = end_step > start_step or slot.finished
+        moved = end_step > start_step or slot.outcome.finished
         record = ChunkRecord(
             run=slot.name, epoch=chunk.epoch if chunk else 0,
             chunk=chunk.index if chunk else 0, number=chunk_number,
             worker=self.worker.rank, start_time=t0, end_time=t1,
             start_step=start_step, end_step=end_step,
         )
-        if slot.error is not None:
+        if slot.outcome.error is not None:
             shared.fail(slot)
         elif slot.gang and moved:
             shared.finish_gang_chunk(slot, record)
@@ -440,13 +441,13 @@ class Engine:
         self._after_turn(slot)
 
     def _after_turn(self, slot: RunSlot) -> None:
-        if slot.error is not None and slot.state.status == RunStatus.FAILED:
+        if slot.outcome.error is not None and slot.state.status == RunStatus.FAILED:
             self._turns.drop(slot)
-            warnings.warn(f"{slot.name} failed: {slot.error}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{slot.name} failed: {slot.outcome.error}", RuntimeWarning, stacklevel=3)
         if slot.state.status == RunStatus.COMPLETED and slot.checkpoints is not None:
             self._turns.remove_checkpoints(slot.checkpoints)
         self._reporter.report(slot)
-        if self._progress is not None and self._progress.showing and slot.error is None:
+        if self._progress is not None and self._progress.showing and slot.outcome.error is None:
             self._progress.chunk_done(self.results, self._chunks_done)  # built when drawn
 
     def _flush_finishes(self) -> None:
@@ -470,7 +471,7 @@ class Engine:
             with self._fault.kept():
                 # The runs leave this worker: what the cadence left volatile is written.
                 make_durable(self._turns, self._shared, [
-                    s for s in self.slots.values() if s.volatile_chunks
+                    s for s in self.slots.values() if s.durability.volatile_chunks
                     and s.state.status in (RunStatus.RUNNING, RunStatus.STOPPED)])
         with self._fault.kept():
             self._shared.release_claim()
@@ -486,7 +487,7 @@ class Engine:
         gc.unfreeze()
         self.stats.wall += time.perf_counter() - started
         self._clock.started = None
-        self.stats.compute = sum(s.compute_seconds for s in self.slots.values())
+        self.stats.compute = sum(s.turn.compute_seconds for s in self.slots.values())
         self.stats.turns = len(self.schedule)
         if self._progress is not None:
             self._progress.close()

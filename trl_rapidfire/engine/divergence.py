@@ -41,7 +41,7 @@ def divergence(slot: RunSlot, step: int) -> str | None:
     """Why ``slot``'s run has diverged by ``step`` (``"loss is nan at step 12"``), or
     ``None`` while everything it logged since its last report and every parameter it trains
     is finite."""
-    for key, value, at, _ in slot.points:
+    for key, value, at, _ in slot.turn.points:
         if key in _WATCHED and not math.isfinite(value):
             return f"{key} is {value} at step {at}"
     if slot.gang:  # sharded tensors: their norms are collectives; the logged values tell

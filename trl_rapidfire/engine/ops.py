@@ -32,9 +32,9 @@ from ..storage.layout import Layout, run_index, run_name
 from .building import register_failed
 from .clones import Clones, next_run_index
 from .coordination import Coordinator
+from .lifetime import WallClock
 from .records import RunSlot, history_of
 from .reporting import Reporter
-from .support import WallClock, canonical_op, json_knobs, one_line
 from .turns import Turns
 
 __all__ = ["OpsDesk", "QueuedOp", "change_status"]
@@ -251,7 +251,7 @@ class OpsDesk:
                 self._turns.forget(slot)
                 return result
             if op.verb == "stop" and slot.residency.resident and slot.trainer is not None \
-                    and slot.state.chunks_done and slot.local_chunks == slot.state.chunks_done:
+                    and slot.state.chunks_done and slot.turn.local_chunks == slot.state.chunks_done:
                 self._turns.park(slot)
             return result
         parent = self.slots.get(run)
@@ -265,14 +265,14 @@ class OpsDesk:
         with self.store.transaction() as st:
             name = run_name(next_run_index(st.runs, self.slots))
             clone = self.clones.make(slot, op, name=name, trusted=trusted)
-            st.add_run(clone.name, len(clone.plan), json_knobs(clone.knobs))
+            st.add_run(clone.name, len(clone.plan), clone.json_knobs())
             if clone.gang:
                 st.gang_size[clone.name] = clone.gang
             st.runs[clone.name].parent = clone.state.parent
             st.runs[clone.name].warm_start = clone.state.warm_start
             st.clones[clone.name] = {"parent": run, "op": str(op)}
-            if op.warm and clone.warm_state_tree is not None:
-                save_tree(clone.warm_state_tree, self.layout.warm_dir(clone.name))
+            if op.warm and clone.warm.state_tree is not None:
+                save_tree(clone.warm.state_tree, self.layout.warm_dir(clone.name))
             self._shared.sync(st)
         self._replanned()
         return f"created {clone.name}" + (f" warm-started from {run}" if op.warm else "")
@@ -321,3 +321,18 @@ def change_status(record: RunState, verb: str, reason: str | None = None) -> str
         return f"resumed at step {record.global_step}"
     record.move(RunStatus.DELETED)
     return "deleted"
+
+
+def canonical_op(text: str) -> str:
+    """The op as the shared state records it (``str(parse_op(text))``), or ``text``."""
+    try:
+        return str(parse_op(text))
+    except OpError:
+        return text
+
+
+def one_line(err: BaseException, limit: int = 500) -> str:
+    """``err``'s message as one line of at most ``limit`` characters (for an op's answer)."""
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else ""
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -15,10 +15,10 @@ The engine knows the search only through :class:`Proposer`; the trainer layer's
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..control.policies import RunHistory
-from ..search.searches import Proposal
 from ..shared_state.store import StateStore, is_proposal
 from ..storage.layout import Layout, run_index, run_name
 from .building import register_failed
@@ -26,9 +26,28 @@ from .clones import next_run_index
 from .coordination import Coordinator
 from .records import RunSlot, history_of
 from .run_trainer import NewRun, RunFactory
-from .support import json_knobs
 
 __all__ = ["Proposal", "Proposals", "Proposer"]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A run an adaptive search proposed while the experiment trains.
+
+    Attributes:
+        name: the run's name.
+        trial: the search's number for it (Optuna's trial number).
+        knobs: the knob values chosen (as a :class:`RunSpec` holds them).
+        params: the search's own record of the choice, as JSON text (what other workers and
+            a re-run rebuild the run from).
+        tags: the run's first tracking tags (which trial, proposed by what, when).
+    """
+
+    name: str
+    trial: int
+    knobs: dict[str, Any]
+    params: str
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 class Proposer(Protocol):
@@ -119,12 +138,12 @@ class Proposals:
                 name = run_name(next_run_index(st.runs, self.slots))
                 proposal = proposer.propose(name)
                 slot = self._build(proposal)
-                st.add_run(name, len(slot.plan), json_knobs(slot.knobs))
+                st.add_run(name, len(slot.plan), slot.json_knobs())
                 st.clones[name] = {"trial": str(proposal.trial), "params": proposal.params}
                 if slot.gang:
                     st.gang_size[name] = slot.gang
                 if slot.trainer is None:
-                    st.runs[name].fail(slot.error or "could not be set up")
+                    st.runs[name].fail(slot.outcome.error or "could not be set up")
                     proposer.tell(history_of(slot, 0))
                     self._told.add(name)
                 else:
@@ -142,7 +161,7 @@ class Proposals:
         for name, slot in self.slots.items():
             done = slot.state.chunks_done
             if (slot.state.status.schedulable and done > self._reported.get(name, 0)
-                    and slot.local_chunks >= done):
+                    and slot.turn.local_chunks >= done):
                 proposer.report(history_of(slot, done))
                 self._reported[name] = done
 
@@ -163,7 +182,7 @@ class Proposals:
             with self.store.transaction() as st:
                 record = st.runs.get(name)
                 if record is not None and record.status.schedulable:
-                    record.fail(slot.error or "could not be set up")
+                    record.fail(slot.outcome.error or "could not be set up")
                 self._shared.sync(st)
         self._replanned()
 

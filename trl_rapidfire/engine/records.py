@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config.knobs import describe_value
 from ..control.policies import RunHistory
 from ..reports.results import RunResult, latest_metrics
 from ..runtime.models import ModelGroup
@@ -19,9 +20,11 @@ from ..runtime.switch import RngState, RunCoroutine
 from ..shared_state.runs import RunState
 from ..storage.schedule import ChunkRecord
 from .chunks import ChunkPlan
+from .run_trainer import RunTrainer
 
-__all__ = ["EngineStats", "LoopHooks", "PendingChunk", "RunFailure", "RunSlot", "WeightsAt",
-           "history_of"]
+__all__ = ["ClaimLost", "DiskFault", "Durability", "EngineStats", "LoopHooks", "Outcome",
+           "PendingChunk", "Recorded", "Recording", "RunFailure", "RunSlot", "StateUnwritable",
+           "TurnState", "WarmStart", "WeightsAt", "WriteFailed", "history_of"]
 
 
 class RunFailure(RuntimeError):
@@ -96,57 +99,36 @@ class WeightsAt(enum.Enum):
 
 
 @dataclass
-class RunSlot:
-    """The engine's live record of one run (the trainer and everything it must not lose)."""
+class TurnState:
+    """What a run's turns in this process hand on to each other: its suspended ``train()``,
+    what is put back when it is switched in, and its compute time. Owned by
+    :class:`~.turns.Turns` and the run's :class:`~.callback.ChunkCallback` (its turn's two
+    ends); the coordinator moves ``local_chunks`` when the shared state says the run went on
+    elsewhere."""
 
-    name: str
-    index: int
-    knobs: dict[str, Any]
-    trainer: Any
-    group: ModelGroup | None
-    adapter: str | None
-    residency: Residency
-    plan: ChunkPlan
-    run_dir: Path
-    chunk_eval: bool = False
-    chunk_save: bool = False
-    step_multiple: int = 1
-    num_chunks: int = 1  # asked for: the plan may have fewer (see chunks.plan_chunks)
-    state: RunState = field(default=None)  # type: ignore[assignment]
+    coroutine: RunCoroutine | None = None
+    # Put back at every switch-in (captured when the trainer was attached, then at every
+    # switch-out).
     rng: RngState | None = None
     accelerate: list[dict[str, Any]] | None = None
-    coroutine: RunCoroutine | None = None
-    finished: bool = False
-    error: str | None = None
-    last_op: str | None = None  # result of the last op applied to this run (this session)
-    gang: int = 0  # > 0: trained by this many workers together (an FSDP run); 0: by one
-    error_traceback: str | None = None
-    exception: BaseException | None = None  # what the run raised, in this process
-    # Where its final weights go (``runs/<run>/final``; ``run_dir`` is its TRL output_dir,
-    # the experiment's own output_dir when the experiment has one config, as in plain TRL).
-    final_dir: Path = None  # type: ignore[assignment]
-    train_output: Any = None
-    compute_seconds: float = 0.0
-    # When the run's current turn (re)started computing (perf_counter).
-    resumed_at: float = 0.0
-    # The boundaries at which the run's turn already ended (a turn ends once per boundary).
-    yielded_at: set[int] = field(default_factory=set)
-    # The random streams as they were before a chunk-end evaluation (put back after it).
-    eval_rng: RngState | None = None
-    # The metric points of the chunk in progress: (key, value, step, time in ms).
-    points: list[tuple[str, float, int, int]] = field(default_factory=list)
     # Objects the run shares with others that keep state (e.g. a stateful reward function):
     # each has state_dict()/load_state_dict(); the run's own state is put back at every turn.
     stateful: list[Any] = field(default_factory=list)
     stateful_states: list[Any] = field(default_factory=list)
-    warm_optimizer_state: list[dict[str, Any] | None] | None = None
-    # A warm clone's starting values and moments, written for other workers to build it from.
-    warm_state_tree: dict[str, Any] | None = None
-    # A gang clone's start: a copy of its parent's boundary checkpoint (weights and moments,
-    # sharded or gathered as the parent's FSDP settings saved them), loaded in its first turn.
-    warm_checkpoint: Path | None = None
-    # Where the run's boundary checkpoints go (``<output_dir>/.rapidfire/checkpoints/<run>``).
-    checkpoints: Path | None = None
+    compute_seconds: float = 0.0
+    # When the run's current turn (re)started computing (perf_counter).
+    resumed_at: float = 0.0
+    # Its train() is suspended at a chunk boundary (where a checkpoint may be taken later).
+    at_boundary: bool = False
+    # The boundaries at which the run's turn already ended (a turn ends once per boundary).
+    yielded_at: set[int] = field(default_factory=set)
+    # The random streams as they were before a chunk-end evaluation (put back after it).
+    eval_rng: RngState | None = None
+    # The random streams at an epoch end that is a chunk boundary: (step, streams).
+    epoch_end_rng: tuple[int, RngState] | None = None
+    # The metric points of the chunk in progress: (key, value, step, time in ms), handed to
+    # the tracker at the chunk's end.
+    points: list[tuple[str, float, int, int]] = field(default_factory=list)
     # Chunks this worker's live train() has done: behind the shared state's count, the run
     # was trained elsewhere (another worker, an earlier process) and continues from disk.
     local_chunks: int = 0
@@ -154,20 +136,84 @@ class RunSlot:
     resume_from: Path | None = None
     # Where the run's current weights are (see WeightsAt).
     weights: WeightsAt = WeightsAt.LIVE
-    # The run's trainer state as last written to disk by whoever trained it (for results).
-    disk_state: Any = None
-    # The random streams at an epoch end that is a chunk boundary: (step, streams).
-    epoch_end_rng: tuple[int, RngState] | None = None
+
+
+@dataclass
+class Durability:
+    """A run's boundary checkpoints under ``checkpoint_every`` (owned by
+    :meth:`~.turns.Turns.save_boundary`; the coordinator waits for ``write``)."""
+
     # The checkpoint write of the boundary that ended the run's current turn.
-    write: Any = None
-    # Its boundaries since the last durable one that were not written (checkpoint_every), and
-    # its compute seconds at that durable point: what the cadence decides on.
+    write: concurrent.futures.Future | None = None
+    # Its boundaries since the last durable one that were not written, and its compute
+    # seconds at that durable point: what the cadence decides on.
     volatile_chunks: int = 0
     durable_compute: float = 0.0
-    # Its train() is suspended at a chunk boundary (where a checkpoint may be taken later).
-    at_boundary: bool = False
+
+
+@dataclass
+class WarmStart:
+    """A warm clone's start, made by :mod:`.clones` and used up by its first turn."""
+
+    # The parent's optimizer moments, given to the clone's optimizer once it exists.
+    optimizer_state: list[dict[str, Any] | None] | None = None
+    # Its starting values and moments, written for other workers to build it from.
+    state_tree: dict[str, Any] | None = None
+    # A gang clone's start: a copy of its parent's boundary checkpoint (weights and moments,
+    # sharded or gathered as the parent's FSDP settings saved them), loaded in its first turn.
+    checkpoint: Path | None = None
+
+
+@dataclass
+class Outcome:
+    """What the run's training came to: its ``train()`` here (owned by
+    :meth:`~.turns.Turns.run_main` and :meth:`RunSlot.record_error`), or its files when
+    another worker finished it (:mod:`.catch_up`)."""
+
+    finished: bool = False
+    error: str | None = None
+    error_traceback: str | None = None
+    exception: BaseException | None = None  # what the run raised, in this process
+    train_output: Any = None
+    # The run's trainer state as last written to disk by whoever trained it (for results).
+    disk_state: Any = None
     # Set when the run's turn met a disk fault (see faults.py): the experiment stops.
     fault: str | None = None
+
+
+@dataclass
+class RunSlot:
+    """The engine's live record of one run: what it is (fixed when it is built: its knobs,
+    trainer, model, plan and folders), its record in the shared state, and one record per
+    owner for the rest (:class:`TurnState`, :class:`Durability`, :class:`WarmStart`,
+    :class:`Outcome`)."""
+
+    name: str
+    index: int
+    knobs: dict[str, Any]
+    trainer: RunTrainer | None
+    group: ModelGroup | None
+    adapter: str | None
+    residency: Residency
+    plan: ChunkPlan  # replaced when the run's epochs change (see ChunkCallback)
+    run_dir: Path
+    chunk_eval: bool = False
+    chunk_save: bool = False
+    step_multiple: int = 1
+    num_chunks: int = 1  # asked for: the plan may have fewer (see chunks.plan_chunks)
+    state: RunState = field(default=None)  # type: ignore[assignment]
+    gang: int = 0  # > 0: trained by this many workers together (an FSDP run); 0: by one
+    # Where its final weights go (``runs/<run>/final``; ``run_dir`` is its TRL output_dir,
+    # the experiment's own output_dir when the experiment has one config, as in plain TRL).
+    final_dir: Path = None  # type: ignore[assignment]
+    # Where the run's boundary checkpoints go (``<output_dir>/.rapidfire/checkpoints/<run>``).
+    checkpoints: Path | None = None
+    # The result of the last op applied to this run in this session (written by the ops).
+    last_op: str | None = None
+    turn: TurnState = field(default_factory=TurnState)
+    durability: Durability = field(default_factory=Durability)
+    warm: WarmStart = field(default_factory=WarmStart)
+    outcome: Outcome = field(default_factory=Outcome)
 
     def __post_init__(self) -> None:
         if self.final_dir is None:
@@ -178,7 +224,7 @@ class RunSlot:
     @property
     def failure(self) -> str:
         """Why the run failed, in one line (its own error, else the shared state's)."""
-        return self.error or self.state.error or "failed"
+        return self.outcome.error or self.state.error or "failed"
 
     def model_group(self) -> ModelGroup:
         """The run's model group: every run that trains has one (a run that failed before
@@ -190,23 +236,44 @@ class RunSlot:
     def record_error(self, exc: BaseException) -> None:
         """Keep why the run failed: one line for tags, warnings and tables, and the whole
         traceback for the log."""
-        self.exception = exc
-        self.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        self.error_traceback = "".join(
+        self.outcome.exception = exc
+        self.outcome.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        self.outcome.error_traceback = "".join(
             traceback.format_exception(type(exc), exc, exc.__traceback__))
 
+    def json_knobs(self) -> dict[str, Any]:
+        """Its knobs as the shared state keeps them: JSON, so a LoRA config or a function is
+        kept as its description."""
+        return {k: v if isinstance(v, (str, int, float, bool, type(None))) else describe_value(v)
+                for k, v in self.knobs.items()}
+
+    def latest_trainer_state(self) -> Any:
+        """The run's trainer state that is further along: its live trainer's, or the one
+        last written to disk by whoever trained it (another worker, an earlier process) when
+        that has more steps; ``None`` when it has neither."""
+        live = self.trainer.state if self.trainer is not None else None
+        disk = self.outcome.disk_state
+        if disk is not None and (live is None or disk.global_step > live.global_step):
+            return disk
+        return live
+
+    def live_trainer(self) -> RunTrainer:
+        """The run's trainer: every run that trains has one (a run that failed before its
+        trainer was built has none)."""
+        if self.trainer is None:
+            raise RuntimeError(f"{self.name} has no trainer: it failed before training")
+        return self.trainer
 
     def result(self) -> RunResult:
+        """What ``train()`` reports of the run (:class:`RunResult`)."""
         if self.trainer is None:  # failed before its trainer existed
             return RunResult(self.name, dict(self.knobs), self.state.status, 0,
-                             str(self.run_dir), {}, self.error or self.state.error)
-        state = self.trainer.state
-        if self.disk_state is not None and self.disk_state.global_step > state.global_step:
-            state = self.disk_state
+                             str(self.run_dir), {}, self.outcome.error or self.state.error)
+        state = self.latest_trainer_state()
         metrics = latest_metrics(state.log_history)
-        if self.train_output is not None:
+        if self.outcome.train_output is not None:
             metrics.update(
-                {k: v for k, v in (self.train_output.metrics or {}).items()
+                {k: v for k, v in (self.outcome.train_output.metrics or {}).items()
                  if isinstance(v, (int, float))}
             )
         return RunResult(
@@ -216,7 +283,7 @@ class RunSlot:
             global_step=int(state.global_step),
             output_dir=str(self.run_dir),
             metrics=metrics,
-            error=self.error or self.state.error,
+            error=self.outcome.error or self.state.error,
             last_op=self.last_op,
         )
 
@@ -225,10 +292,7 @@ def history_of(slot: RunSlot, chunks_done: int, *, training: bool = False) -> Ru
     """What a policy or a search knows of ``slot``: its status, ``chunks_done`` (which may
     count a chunk trained here but not recorded yet), its plan and its logged entries (from
     its live trainer, or from its checkpoint when that is further along)."""
-    state = slot.trainer.state if slot.trainer is not None else None
-    if slot.disk_state is not None and (state is None
-                                        or slot.disk_state.global_step > state.global_step):
-        state = slot.disk_state
+    state = slot.latest_trainer_state()
     return RunHistory(
         name=slot.name, status=slot.state.status, chunks_done=chunks_done,
         chunks_total=len(slot.plan), chunk_ends=tuple(c.end_step for c in slot.plan.chunks),
@@ -253,6 +317,43 @@ class PendingChunk:
     chunks_total: int  # the run's plan as of this chunk
     committed: concurrent.futures.Future | None = None
     durable: bool = False  # its checkpoint is written (or complete: its final weights)
-    # What recording did: ("ok", chunks done), ("lost", ""), ("fault", message),
-    # ("failed", error) or ("raised", the exception the state's write raised).
-    outcome: tuple[str, Any] | None = None
+    # What recording did (None: not recorded yet).
+    outcome: Recording | None = None
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The chunk is recorded as done; the run has ``chunks_done`` chunks done."""
+
+    chunks_done: int
+
+
+@dataclass(frozen=True)
+class ClaimLost:
+    """The worker's claim on the chunk had expired: another worker trains it again."""
+
+
+@dataclass(frozen=True)
+class DiskFault:
+    """Its checkpoint met a disk fault (``message``): released, the experiment stops."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class WriteFailed:
+    """Its checkpoint could not be written for another reason: the run failed (``error``)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class StateUnwritable:
+    """The shared state's transaction raised ``exception``: raised in the loop, as if
+    there."""
+
+    exception: BaseException
+
+
+# What recording a pending chunk in the shared state came to.
+Recording = Recorded | ClaimLost | DiskFault | WriteFailed | StateUnwritable

@@ -5,14 +5,15 @@ chunk end and when a ``run()`` call ends, and the ops it hears back. Without a t
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Iterable
+from typing import Any
 
 from ..shared_state.runs import RunStatus
 from ..tracking.tags import PROGRESS_TAG, STATUS_TAG
 from ..tracking.tracker import Tracker
 from .records import RunSlot
-from .support import points_of
 
 __all__ = ["Reporter", "progress_text"]
 
@@ -49,10 +50,10 @@ class Reporter:
     def report(self, slot: RunSlot) -> None:
         """The run's metric points since it was last reported, its status and progress."""
         if self.tracker is None:
-            slot.points.clear()
+            slot.turn.points.clear()
             return
-        self.tracker.log_metrics(slot.name, list(slot.points))
-        slot.points.clear()
+        self.tracker.log_metrics(slot.name, list(slot.turn.points))
+        slot.turn.points.clear()
         self.tracker.set_tags(slot.name, {STATUS_TAG: slot.state.status.value,
                                           PROGRESS_TAG: progress_text(slot)})
         if slot.state.status in (RunStatus.COMPLETED, RunStatus.FAILED):
@@ -64,7 +65,7 @@ class Reporter:
         crash in between), from the checkpoint's log history; MLflow keeps one per step."""
         if self.tracker is None:
             return
-        state = slot.disk_state
+        state = slot.outcome.disk_state
         if state is not None:
             self.tracker.log_metrics(slot.name, points_of(state.log_history))
         self.report(slot)
@@ -127,3 +128,13 @@ class Reporter:
                 self.tracker.consume_op(run, text, result)
             elif known:
                 self.tracker.set_tags(run, {"rapidfire.op.result": result})
+
+
+def points_of(log_history: list[dict[str, Any]]) -> list[tuple[str, float, int, int]]:
+    """The numbers of a log history as metric points (key, value, step, now in ms)."""
+    now = int(time.time() * 1000)
+    return [
+        (key, float(value), int(entry.get("step", 0)), now)
+        for entry in log_history for key, value in entry.items()
+        if key not in ("step",) and isinstance(value, (int, float)) and not isinstance(value, bool)
+    ]

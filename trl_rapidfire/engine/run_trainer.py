@@ -19,6 +19,8 @@ import torch
 from ..runtime.models import ModelGroup
 
 if TYPE_CHECKING:
+    from transformers import TrainerState, TrainingArguments
+
     from ..control.ops import Op
     from ..runtime.switch import RngState
     from .records import RunSlot
@@ -31,15 +33,21 @@ class RunTrainer(Protocol):
     ``optimizer``, ``save_model``, ...) plus the hooks below, which
     :class:`~trl_rapidfire.trainers.run_trainer.RunTrainerMixin` implements."""
 
-    args: Any
-    state: Any
-    model: Any
-    optimizer: Any
+    # The training stack's own types (taken as opaque by the type checker: see pyproject's
+    # [tool.mypy]); the optimizer exists once train() has built it.
+    args: TrainingArguments
+    state: TrainerState
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
     train_dataset: Any
 
     def train(self, resume_from_checkpoint: str | None = None) -> Any: ...
 
     def add_callback(self, callback: Any) -> None: ...
+
+    def remove_callback(self, callback: Any) -> None: ...
+
+    def pop_callback(self, callback: Any) -> Any: ...
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None: ...
 

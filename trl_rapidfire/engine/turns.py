@@ -19,12 +19,13 @@ from pathlib import Path
 
 import torch
 
-from ..config.cadence import DEFAULT_CADENCE, CheckpointCadence
 from ..runtime.accelerate_state import restore_accelerate_state, snapshot_accelerate_state
 from ..runtime.cache import StateCache
 from ..runtime.models import ModelPool
 from ..runtime.switch import Aborted, RngState
 from ..storage.checkpoints import (
+    DEFAULT_CADENCE,
+    CheckpointCadence,
     checkpoint_at,
     prune_checkpoints,
     write_atomically,
@@ -35,9 +36,9 @@ from ..storage.names import inside
 from .building import plan_for
 from .callback import ChunkCallback
 from .divergence import check_finite
+from .faults import disk_faults
 from .records import EngineStats, RunSlot, WeightsAt
 from .run_trainer import RunTrainer
-from .support import disk_faults
 
 __all__ = ["Turns"]
 
@@ -112,19 +113,19 @@ class Turns:
         # after it was built, what a script that built it alone would then train from.
         slot.trainer = trainer
         trainer.add_callback(ChunkCallback(self, slot))
-        slot.stateful = list(trainer.rf_stateful())
-        slot.stateful_states = [copy.deepcopy(obj.state_dict()) for obj in slot.stateful]
-        slot.rng = RngState.capture()
-        slot.accelerate = snapshot_accelerate_state()
+        slot.turn.stateful = list(trainer.rf_stateful())
+        slot.turn.stateful_states = [copy.deepcopy(obj.state_dict()) for obj in slot.turn.stateful]
+        slot.turn.rng = RngState.capture()
+        slot.turn.accelerate = snapshot_accelerate_state()
 
     def end_turn(self, slot: RunSlot) -> None:
         """Called inside the run's coroutine at a chunk boundary: suspend until resumed."""
-        slot.compute_seconds += time.perf_counter() - slot.resumed_at
-        slot.at_boundary = True
-        assert slot.coroutine is not None  # called from inside it
-        slot.coroutine.suspend()
-        slot.at_boundary = False
-        slot.resumed_at = time.perf_counter()
+        slot.turn.compute_seconds += time.perf_counter() - slot.turn.resumed_at
+        slot.turn.at_boundary = True
+        assert slot.turn.coroutine is not None  # called from inside it
+        slot.turn.coroutine.suspend()
+        slot.turn.at_boundary = False
+        slot.turn.resumed_at = time.perf_counter()
 
     def save_boundary(self, slot: RunSlot, *, force: bool = False) -> None:
         """At a chunk boundary (inside the run's turn, or with the run switched in while its
@@ -133,36 +134,37 @@ class Turns:
         durable only once its checkpoint is on disk."""
         if not self.durable or slot.checkpoints is None:
             return
-        step = int(slot.trainer.state.global_step)
+        step = int(slot.live_trainer().state.global_step)
         if not (force or slot.gang or self._due(slot)):
             # The random streams of an epoch-end boundary stay with the run: a checkpoint
             # taken at this boundary later must record them.
-            slot.volatile_chunks += 1
+            slot.durability.volatile_chunks += 1
             self.stats.volatile_boundaries += 1
             return
         rng = None
-        if slot.epoch_end_rng is not None and slot.epoch_end_rng[0] == step:
-            rng = slot.epoch_end_rng[1]
-        slot.epoch_end_rng = None
+        if slot.turn.epoch_end_rng is not None and slot.turn.epoch_end_rng[0] == step:
+            rng = slot.turn.epoch_end_rng[1]
+        slot.turn.epoch_end_rng = None
         target = slot.checkpoints / f"checkpoint-{step}"
         if slot.gang:
             # Written now, by every member together (collectives); only the first prunes.
             with disk_faults("the checkpoint", target):
-                slot.trainer.rf_save_gang_boundary(target, rng)
+                slot.live_trainer().rf_save_gang_boundary(target, rng)
             if self.rank == 0:
                 prune_checkpoints(slot.checkpoints, keep=(
                     target, slot.checkpoints / f"checkpoint-{slot.state.global_step}"))
-            slot.write = None
+            slot.durability.write = None
             return
         started = time.perf_counter()
         with disk_faults("the checkpoint", target):
-            finish = slot.trainer.rf_save_boundary(target, rng)
+            finish = slot.live_trainer().rf_save_boundary(target, rng)
         spent = time.perf_counter() - started
         self.stats.checkpoints += 1
         self.stats.checkpoint_in_turn += spent
         # Durability is the engine's cost, not the run's: out of the turn's compute time.
-        slot.resumed_at += spent
-        slot.volatile_chunks, slot.durable_compute = 0, self._compute_now(slot)
+        slot.turn.resumed_at += spent
+        durability = slot.durability
+        durability.volatile_chunks, durability.durable_compute = 0, self._compute_now(slot)
         # The checkpoint of the last durable boundary the shared state has recorded stays
         # until this one is recorded too (a crash in between resumes from it); older ones go.
         keep = (target, slot.checkpoints / f"checkpoint-{slot.state.durable_step}")
@@ -180,72 +182,75 @@ class Turns:
 
         # Written while the next run trains; the chunk is recorded as done only after.
         self._gate.clear()
-        slot.write = self._writer.submit(write)
+        slot.durability.write = self._writer.submit(write)
 
     def _due(self, slot: RunSlot) -> bool:
-        return self.cadence.due(slot.volatile_chunks + 1,
-                                self._compute_now(slot) - slot.durable_compute)
+        return self.cadence.due(slot.durability.volatile_chunks + 1,
+                                self._compute_now(slot) - slot.durability.durable_compute)
 
     @staticmethod
     def _compute_now(slot: RunSlot) -> float:
         """The run's compute seconds so far, its current turn included (when inside it)."""
-        if slot.at_boundary:
-            return slot.compute_seconds
-        return slot.compute_seconds + time.perf_counter() - slot.resumed_at
+        if slot.turn.at_boundary:
+            return slot.turn.compute_seconds
+        return slot.turn.compute_seconds + time.perf_counter() - slot.turn.resumed_at
 
     def make_durable(self, slot: RunSlot) -> concurrent.futures.Future | None:
         """Between turns: write the checkpoint of the boundary ``slot``'s train() is
         suspended at, if that boundary is volatile (it is stopped, or leaves this
         worker). Returns the write (``None``: nothing to write)."""
-        if slot.volatile_chunks == 0 or not slot.at_boundary or slot.coroutine is None:
+        if (slot.durability.volatile_chunks == 0 or not slot.turn.at_boundary
+                or slot.turn.coroutine is None):
             return None
         self.switch_in(slot)
         self.save_boundary(slot, force=True)
         self.switch_out(slot)
-        write, slot.write = slot.write, None
+        write, slot.durability.write = slot.durability.write, None
         return write
 
     def load_warm_optimizer_state(self, slot: RunSlot) -> None:
         """Inside the clone's ``train()``, once its optimizer exists: give it the parent's
         moments (shapes were checked when the clone was made)."""
-        slot.residency.load_optimizer_state(slot.trainer.optimizer, slot.warm_optimizer_state)
-        slot.warm_optimizer_state = None
+        slot.residency.load_optimizer_state(slot.live_trainer().optimizer,
+                                            slot.warm.optimizer_state)
+        slot.warm.optimizer_state = None
 
     # ------------------------------------------------------------------ inside the coroutine
 
     def run_main(self, slot: RunSlot) -> None:
         """The body of the run's coroutine: its whole ``train()``, then its final weights."""
-        slot.resumed_at = time.perf_counter()
+        slot.turn.resumed_at = time.perf_counter()
         try:
             kwargs = {}
-            if slot.resume_from is not None:
-                kwargs["resume_from_checkpoint"] = str(slot.resume_from)
-            slot.train_output = slot.trainer.train(**kwargs)
-            check_finite(slot, int(slot.trainer.state.global_step))
+            if slot.turn.resume_from is not None:
+                kwargs["resume_from_checkpoint"] = str(slot.turn.resume_from)
+            slot.outcome.train_output = slot.live_trainer().train(**kwargs)
+            check_finite(slot, int(slot.live_trainer().state.global_step))
             self._write_final(slot)
         except Aborted:
             pass
         except Exception as exc:  # a run's failure must not stop the others
             detail = disk_fault(exc)
             if detail is not None:  # not the run's doing: the experiment stops instead
-                slot.fault = str(exc) if isinstance(exc, ExperimentFault) else fault_message(
-                    "the run's files", slot.run_dir, detail)
+                slot.outcome.fault = (
+                    str(exc) if isinstance(exc, ExperimentFault)
+                    else fault_message("the run's files", slot.run_dir, detail))
                 return
             slot.record_error(exc)
         finally:
             # KeyboardInterrupt and SystemExit pass through to the scheduler, which stops.
-            slot.finished = True
-            slot.compute_seconds += time.perf_counter() - slot.resumed_at
+            slot.outcome.finished = True
+            slot.turn.compute_seconds += time.perf_counter() - slot.turn.resumed_at
 
     def _write_final(self, slot: RunSlot) -> None:
-        trainer = slot.trainer
+        trainer = slot.live_trainer()
         inside(self.output_dir, slot.final_dir)
 
         def write(folder: Path) -> None:
             trainer.save_model(str(folder))
             # What a worker that did not train the run needs to report it.
             trainer.state.save_to_json(str(folder / "trainer_state.json"))
-            out = slot.train_output
+            out = slot.outcome.train_output
             (folder / "train_output.json").write_text(json.dumps({
                 "global_step": out.global_step, "training_loss": out.training_loss,
                 "metrics": out.metrics,
@@ -267,22 +272,22 @@ class Turns:
         if slot.gang:
             # Its own model, sharded by its trainer, never leaves: nothing to bring back (its
             # train() loads a checkpoint it continues from).
-            if slot.weights is WeightsAt.CHECKPOINT:
-                slot.weights = WeightsAt.LIVE
+            if slot.turn.weights is WeightsAt.CHECKPOINT:
+                slot.turn.weights = WeightsAt.LIVE
             self.resident = slot
             self._restore_run_state(slot)
             return
         if self.pool is not None:
-            self.pool.make_room(slot.model_group(), slot.trainer.args.device)
-        if slot.weights is not WeightsAt.LIVE:
+            self.pool.make_room(slot.model_group(), slot.live_trainer().args.device)
+        if slot.turn.weights is not WeightsAt.LIVE:
             # Its values come from disk (its checkpoint, or its final weights): only room
             # for them is needed.
             slot.residency.materialize(self.cache)
-            if slot.weights is WeightsAt.CHECKPOINT:
-                slot.weights = WeightsAt.LIVE  # loaded by the train() it continues in
+            if slot.turn.weights is WeightsAt.CHECKPOINT:
+                slot.turn.weights = WeightsAt.LIVE  # loaded by the train() it continues in
         elif not slot.residency.resident:
             if slot.residency.key in self.cache:
-                slot.residency.unpark(self.cache, slot.trainer.optimizer)
+                slot.residency.unpark(self.cache, slot.live_trainer().optimizer)
             elif (initial := slot.model_group().initial_weights) is not None:
                 slot.residency.load_initial(initial)
             else:
@@ -304,11 +309,11 @@ class Turns:
         Which tensors a forward pass reads is the active adapter's business, not this."""
         if (slot.adapter is None or slot.gang or not slot.state.status.schedulable
                 or not slot.residency.on_host()):
-            slot.residency.park(self.cache, slot.trainer.optimizer)
+            slot.residency.park(self.cache, slot.live_trainer().optimizer)
             return
         # The bytes idle runs hold are kept as a running sum: nothing here walks the other
         # runs (a turn's cost must not grow with their number).
-        size = slot.residency.live_bytes(slot.trainer.optimizer)
+        size = slot.residency.live_bytes(slot.live_trainer().optimizer)
         self._idle[slot.name] = slot
         self._idle_bytes[slot.name] = size
         self._held += size
@@ -316,7 +321,7 @@ class Turns:
         while self._idle and self._held > budget:
             name, oldest = self._idle.popitem(last=False)
             self._held -= self._idle_bytes.pop(name)
-            oldest.residency.park(self.cache, oldest.trainer.optimizer)
+            oldest.residency.park(self.cache, oldest.live_trainer().optimizer)
             budget = self.cache.budget_bytes - self.cache.bytes_in_memory
 
     def _unidle(self, name: str) -> None:
@@ -325,30 +330,30 @@ class Turns:
 
     def _restore_run_state(self, slot: RunSlot) -> None:
         # Both captured when the run was attached to its trainer (before any switch).
-        assert slot.accelerate is not None and slot.rng is not None
-        restore_accelerate_state(slot.accelerate)
-        for obj, state in zip(slot.stateful, slot.stateful_states):
+        assert slot.turn.accelerate is not None and slot.turn.rng is not None
+        restore_accelerate_state(slot.turn.accelerate)
+        for obj, state in zip(slot.turn.stateful, slot.turn.stateful_states):
             obj.load_state_dict(copy.deepcopy(state))
-        slot.rng.restore()
+        slot.turn.rng.restore()
 
     def switch_out(self, slot: RunSlot) -> None:
-        slot.rng = RngState.capture()
-        slot.accelerate = snapshot_accelerate_state()
-        slot.stateful_states = [copy.deepcopy(obj.state_dict()) for obj in slot.stateful]
+        slot.turn.rng = RngState.capture()
+        slot.turn.accelerate = snapshot_accelerate_state()
+        slot.turn.stateful_states = [copy.deepcopy(obj.state_dict()) for obj in slot.turn.stateful]
 
     def load_final(self, slot: RunSlot) -> None:
         """After ``slot`` (finished elsewhere) was switched in: its final weights and trainer
         state from disk become its live ones."""
-        slot.trainer.rf_load_final(slot.final_dir, slot.disk_state)
-        slot.weights = WeightsAt.LIVE
-        slot.local_chunks = slot.state.chunks_done
+        slot.live_trainer().rf_load_final(slot.final_dir, slot.outcome.disk_state)
+        slot.turn.weights = WeightsAt.LIVE
+        slot.turn.local_chunks = slot.state.chunks_done
 
     # ------------------------------------------------------------------ parking and dropping
 
     def park(self, slot: RunSlot) -> None:
         """Park ``slot``'s tensors now (a stopped run) instead of at the next switch."""
         self._unidle(slot.name)
-        slot.residency.park(self.cache, slot.trainer.optimizer)
+        slot.residency.park(self.cache, slot.live_trainer().optimizer)
         if self.resident is slot:
             self.resident = None
 
@@ -363,8 +368,8 @@ class Turns:
 
     def forget(self, slot: RunSlot) -> None:
         """Unwind a deleted (or policy-failed) run's ``train()`` and forget its tensors."""
-        if slot.coroutine is not None and not slot.coroutine.finished:
-            slot.coroutine.abort()
+        if slot.turn.coroutine is not None and not slot.turn.coroutine.finished:
+            slot.turn.coroutine.abort()
         self._unidle(slot.name)
         slot.residency.drop(self.cache)
         if self.resident is slot:
@@ -373,8 +378,8 @@ class Turns:
     def abort_suspended(self) -> None:
         # Runs left suspended (the loop was interrupted) unwind their train() calls now.
         for slot in self.slots.values():
-            if slot.coroutine is not None and not slot.coroutine.finished:
-                slot.coroutine.abort()
+            if slot.turn.coroutine is not None and not slot.turn.coroutine.finished:
+                slot.turn.coroutine.abort()
 
     def remove_checkpoints(self, folder: Path) -> None:
         """A completed run's boundary checkpoints (``folder``) go, its final weights being
@@ -415,19 +420,20 @@ class Turns:
                 f"{slot.name} has {done} chunk(s) done but no checkpoint at step {step} in "
                 f"{slot.checkpoints}; it cannot continue exactly."
             )
-        if slot.coroutine is not None:
-            if not slot.coroutine.finished:
-                slot.coroutine.abort()
-            slot.coroutine = None
+        if slot.turn.coroutine is not None:
+            if not slot.turn.coroutine.finished:
+                slot.turn.coroutine.abort()
+            slot.turn.coroutine = None
             if self.rebuild is None:
                 raise RuntimeError(f"{slot.name}: this experiment cannot rebuild a trainer")
             self.attach(slot, self.rebuild(slot))
-        slot.resume_from = ckpt
-        slot.volatile_chunks, slot.durable_compute = 0, slot.compute_seconds
-        slot.weights = WeightsAt.CHECKPOINT
-        slot.warm_optimizer_state = None  # a warm clone's start: its checkpoint supersedes it
-        slot.warm_checkpoint = None
-        slot.yielded_at = {step}
-        slot.finished = False
-        slot.local_chunks = done
+        slot.turn.resume_from = ckpt
+        slot.durability.volatile_chunks = 0
+        slot.durability.durable_compute = slot.turn.compute_seconds
+        slot.turn.weights = WeightsAt.CHECKPOINT
+        slot.warm.optimizer_state = None  # a warm clone's start: its checkpoint supersedes it
+        slot.warm.checkpoint = None
+        slot.turn.yielded_at = {step}
+        slot.outcome.finished = False
+        slot.turn.local_chunks = done
 

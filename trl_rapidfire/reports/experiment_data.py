@@ -346,7 +346,9 @@ def load_experiment(
             logged = [s for series in history.values() for s, _ in series]
             steps = max([c.end_step for c in mine] + logged, default=None)
         status = rec.get("status") if isinstance(rec.get("status"), str) else tags.get(name)
-        knobs = rec.get("knobs") if isinstance(rec.get("knobs"), dict) else {}
+        knobs = rec.get("knobs")
+        if not isinstance(knobs, dict):
+            knobs = {}
         source = "mlflow" if name in tracked else "disk" if name in on_disk else ""
         runs[name] = RunData(name, status, steps, dict(knobs), history, source)
 

@@ -152,8 +152,14 @@ def rank_runs(data: ExperimentData, key: str | None, mode: str | None = None) ->
     sign = 1.0 if mode == "min" else -1.0
     scored = [r for r in runs if r.latest(key) is not None]
     unscored = [r for r in runs if r.latest(key) is None]
+
+    def score(run: RunData) -> float:
+        value = run.latest(key)
+        assert value is not None  # only the scored runs are sorted
+        return sign * value
+
     # sorted() is stable: ties keep run order.
-    return sorted(scored, key=lambda r: sign * r.latest(key)) + unscored
+    return sorted(scored, key=score) + unscored
 
 
 def _step_at(schedule: Sequence[ChunkRecord], run: str, when: float) -> int:
@@ -363,7 +369,9 @@ def _drop_labels_that_do_not_fit(fig: Figure, ax: Any, labels: Sequence[Any]) ->
     # extent must lie inside its bar, _LABEL_PAD pixels clear of the bar's edges, and inside
     # the axes (a bar cut by the axes' edge shows only part of its width).
     fig.draw_without_rendering()
-    renderer = fig.canvas.get_renderer()
+    canvas = fig.canvas
+    assert isinstance(canvas, FigureCanvasAgg)  # _new_figure gave the figure an Agg canvas
+    renderer = canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
     for text, bar in labels:
         box = text.get_window_extent(renderer)

@@ -234,6 +234,7 @@ class ExperimentProgress:
         if self._live is not None:
             self._live.show(runs)
             return
+        assert self._display is not None  # neither a live view nor a log: a notebook
         text = runs_table(runs)
         data = {"text/plain": text, "text/html": f"<pre>{html.escape(text)}</pre>"}
         if self._table is None:
@@ -266,6 +267,7 @@ class ExperimentProgress:
             self._bar = None
 
     def _write_table(self) -> None:
+        assert self._last is not None  # written after the latest state was kept
         runs, done = _now(self._last[0]), _now(self._last[1])
         self._bar.write(f"chunks {done}/{self._bar.total}\n{runs_table(runs)}", file=self._stream)
 

@@ -85,8 +85,8 @@ def pick_best(
         metric = "eval_loss" if has_eval else "loss"
     if greater_is_better is None:
         greater_is_better = not metric.endswith("loss")
-    scored = [(r, _metric_value(r.metrics, metric)) for r in candidates]
-    scored = [(r, v) for r, v in scored if v is not None]
+    values = [(r, _metric_value(r.metrics, metric)) for r in candidates]
+    scored = [(r, v) for r, v in values if v is not None]
     if not scored:
         return candidates[0]
     sign = -1.0 if greater_is_better else 1.0

@@ -158,11 +158,11 @@ def without_barriers() -> Iterator[None]:
     at worst repeats work the cache would have saved; the gang's collectives start only in
     ``train()``, after the members have met."""
     original = PartialState.wait_for_everyone
-    PartialState.wait_for_everyone = lambda self: None  # type: ignore[method-assign]
+    PartialState.wait_for_everyone = lambda self: None
     try:
         yield
     finally:
-        PartialState.wait_for_everyone = original  # type: ignore[method-assign]
+        PartialState.wait_for_everyone = original
 
 
 # ----------------------------------------------------------------------------- the launch's world

@@ -160,6 +160,7 @@ class ModelGroup:
             return
         self.attach(name)
         self._find_layers()
+        assert self._tuner_layers is not None and self._aux_modules is not None  # found just now
         prev, self._active = self._active, None
         model.active_adapter = name
         if (prev is not None and prev != name and not self._aux_modules
@@ -198,7 +199,8 @@ class ModelGroup:
     def _adapter_modules_params(self, name: str) -> list[torch.nn.Parameter]:
         """The parameters of adapter ``name``'s modules in the tuner layers (what PEFT's
         ``set_adapter(name)`` makes trainable)."""
-        out = []
+        assert self._tuner_layers is not None  # activate() found the layers
+        out: list[torch.nn.Parameter] = []
         for layer in self._tuner_layers:
             for attr in layer.adapter_layer_names:
                 container = getattr(layer, attr, None)
@@ -248,7 +250,8 @@ class ModelGroup:
             return False
         if self._needs_attached(name):
             return False
-        taken = []
+        assert self._containers is not None  # _needs_attached() found the layers
+        taken: list[tuple[Any, str, Any]] = []
         for layer, containers in self._containers:
             if name in layer.active_adapters:
                 return self._put_back(taken)
@@ -264,6 +267,7 @@ class ModelGroup:
         """Adapters that stay in the module tree: ``modules_to_save`` and trainable-token
         wrappers keep per-adapter copies of base modules, which detaching would not cover."""
         self._find_layers()
+        assert self._aux_modules is not None  # found just now
         return any(name in getattr(m, "_adapters", ()) for m in self._aux_modules)
 
     def attach(self, name: str) -> None:

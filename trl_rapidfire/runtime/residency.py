@@ -157,6 +157,7 @@ class Residency:
         opt = inner_optimizer(optimizer)
         for p, state in zip(self.params, states or []):
             if state is not None:
+                assert opt is not None  # called once the run's optimizer exists
                 opt.state[p] = {k: v.to(p.device) if isinstance(v, torch.Tensor) else v
                                 for k, v in state.items()}
 

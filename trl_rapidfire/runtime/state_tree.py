@@ -241,7 +241,7 @@ def _decode(x: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return x
     if "dict" in x or "odict" in x:
         kind = dict if "dict" in x else OrderedDict
-        items = x.get("dict", x.get("odict"))
+        items = x["dict"] if "dict" in x else x["odict"]
         return kind((_decode_scalar(k), _decode(v, tensors)) for k, v in items)
     if "list" in x:
         return [_decode(v, tensors) for v in x["list"]]

@@ -112,7 +112,10 @@ def _numpy_raw() -> bytes | None:
         return None
     raw = ctypes.string_at(bit_generator.ctypes.state_address, _MT_RAW_BYTES)
     if _raw_layout_ok is None:
-        state = np.random.get_state()
+        # legacy=True is get_state()'s default, written out: numpy's stub types the call
+        # without it as the dict form; an MT19937's legacy state is the tuple.
+        state = np.random.get_state(legacy=True)
+        assert isinstance(state, tuple)
         key = np.ascontiguousarray(state[1], dtype="<u4").tobytes()
         _raw_layout_ok = (sys.byteorder == "little" and raw[: _MT_KEY_WORDS * 4] == key
                           and int.from_bytes(raw[-4:], "little", signed=True) == state[2])

@@ -27,7 +27,7 @@ from ..config.knobs import Knob, KnobError, List, Range, describe_value, is_knob
 from ..config.preflight import PreflightError, check_run
 from ..runtime.accelerate_state import preserved_accelerate_state
 
-__all__ = ["AdaptiveSearch", "Axis", "GridSearch", "Proposal", "RandomSearch", "RunSpec",
+__all__ = ["AdaptiveSearch", "Axis", "GridSearch", "RandomSearch", "RunSpec",
            "Search", "SearchError"]
 
 
@@ -61,26 +61,6 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
-class Proposal:
-    """A run an adaptive search proposed while the experiment trains.
-
-    Attributes:
-        name: the run's name.
-        trial: the search's number for it (Optuna's trial number).
-        knobs: the knob values chosen (as a :class:`RunSpec` holds them).
-        params: the search's own record of the choice, as JSON text (what other workers and
-            a re-run rebuild the run from).
-        tags: the run's first tracking tags (which trial, proposed by what, when).
-    """
-
-    name: str
-    trial: int
-    knobs: dict[str, Any]
-    params: str
-    tags: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class Axis:
     """One dimension of the search: a single knob, or a zip group of Lists of equal length."""
 
@@ -91,6 +71,13 @@ class Axis:
     def is_range(self) -> bool:
         return isinstance(self.knobs[0], Range)
 
+    @property
+    def lists(self) -> tuple[List, ...]:
+        """The knobs of an axis that is not a Range: Lists (a zip group holds Lists only)."""
+        lists = tuple(k for k in self.knobs if isinstance(k, List))
+        assert len(lists) == len(self.knobs), self.knobs
+        return lists
+
     def __len__(self) -> int:
         return len(self.knobs[0])  # type: ignore[arg-type]
 
@@ -98,18 +85,19 @@ class Axis:
         """Knob values for one draw: an index into the Lists, or a sampled Range value."""
         if self.is_range:
             return {self.names[0]: draw}
-        return {n: k.values[draw] for n, k in zip(self.names, self.knobs)}  # type: ignore[union-attr]
+        return {n: k.values[draw] for n, k in zip(self.names, self.lists)}
 
 
 def _check_distinct(axis: Axis) -> None:
     """Two positions of an axis with the same values would train one configuration twice."""
     if axis.is_range:
         return
+    lists = axis.lists
     for i in range(len(axis)):
         for j in range(i):
-            if all(same_value(k.values[i], k.values[j]) for k in axis.knobs):  # type: ignore[union-attr]
+            if all(same_value(k.values[i], k.values[j]) for k in lists):
                 names = " and ".join(f"`{n}`" for n in axis.names)
-                shown = ", ".join(describe_value(k.values[i]) for k in axis.knobs)  # type: ignore[union-attr]
+                shown = ", ".join(describe_value(k.values[i]) for k in lists)
                 raise SearchError(
                     f"{names} holds the candidate {shown} twice (positions {j} and {i}); each "
                     "candidate must be distinct, or one configuration would be trained twice."
@@ -335,7 +323,7 @@ class RandomSearch(ExpandingSearch):
         for _ in range(self.num_runs):
             draws.append(
                 tuple(axis.knobs[0].sample(rng) if axis.is_range
-                      else axis.knobs[0].sample_index(rng)  # type: ignore[union-attr]
+                      else axis.lists[0].sample_index(rng)
                       for axis in axes)
             )
         return draws
@@ -353,6 +341,8 @@ class AdaptiveSearch(Search, abc.ABC):
     what identifies the experiment, with every knob checked) and :meth:`start` (the first
     runs, and the proposer the engine asks for more; see
     :mod:`trl_rapidfire.engine.proposals`)."""
+
+    metric: str  # the logged metric the search optimises (e.g. "eval_loss"), set by subclasses
 
     @abc.abstractmethod
     def describe(self, rf_config: Any, **trainer_level: Any) -> Any:

@@ -1,8 +1,9 @@
 """Where each run's last chunk boundary lives on disk, written so a crash never leaves half of it.
 
-At a chunk boundary (as often as ``checkpoint_every`` says, see :mod:`trl_rapidfire.config.cadence`)
-a run writes an ordinary Hugging Face checkpoint (adapter or model
-weights, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``, ``trainer_state.json``) into
+At a chunk boundary (as often as ``checkpoint_every`` says: :class:`CheckpointCadence`, parsed
+from the user's text by :mod:`trl_rapidfire.config.cadence`) a run writes an ordinary Hugging
+Face checkpoint (adapter or model weights, ``optimizer.pt``, ``scheduler.pt``,
+``rng_state.pth``, ``trainer_state.json``) into
 ``<output_dir>/.rapidfire/checkpoints/<run>/checkpoint-<step>``. The Trainer writes a checkpoint
 folder in place, file by file; a process killed half-way would leave a folder that looks like a
 checkpoint and is not one. So the folder is written under a temporary name and renamed when
@@ -21,6 +22,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,8 @@ from .atomic_folders import fsync_file as _fsync_file
 from .atomic_folders import replace_folder
 
 __all__ = [
+    "DEFAULT_CADENCE",
+    "CheckpointCadence",
     "checkpoint_at",
     "latest_checkpoint",
     "prune_checkpoints",
@@ -40,6 +44,26 @@ __all__ = [
 ]
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass(frozen=True)
+class CheckpointCadence:
+    """When a run's boundary is made durable: after ``seconds`` of its training since its
+    last durable point, or after ``chunks`` chunks (one of the two is set)."""
+
+    seconds: float | None = None
+    chunks: int | None = None
+
+    def due(self, chunks_since: int, seconds_since: float) -> bool:
+        """Whether the boundary just reached is written: ``chunks_since`` chunks and
+        ``seconds_since`` seconds of the run's training since its last durable point."""
+        if self.chunks is not None:
+            return chunks_since >= self.chunks
+        return seconds_since >= (self.seconds or 0.0)
+
+
+DEFAULT_CADENCE = CheckpointCadence(seconds=60.0)
+
 
 
 def start_folder(target: str | os.PathLike) -> Path:
@@ -70,7 +94,7 @@ def commit_folder(tmp: Path, target: str | os.PathLike) -> Path:
     return target
 
 
-def write_atomically(target: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+def write_atomically(target: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """Let ``write`` fill a temporary folder beside ``target``, then rename it to ``target``.
 
     A ``target`` left by an earlier attempt is replaced. Returns ``target``.

@@ -70,7 +70,7 @@ def free_space(path: str | os.PathLike) -> str | None:
     while not here.exists() and here != here.parent:
         here = here.parent
     try:
-        free = shutil.disk_usage(here).free
+        free: float = shutil.disk_usage(here).free  # divided down to the unit below
     except OSError:
         return None
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -15,6 +15,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .csv_logs import read_csv_rows
 from .names import is_run_name
@@ -127,7 +128,8 @@ def read_schedule_csv(path: str | os.PathLike) -> list[ChunkRecord]:
     text = read_bytes(path, max_bytes=STATE_BYTES).decode("utf-8", errors="replace")
     for row in read_csv_rows(text, str(path)):
         try:
-            kwargs = {}
+            # Each value has its own field's type, read from the dataclass above.
+            kwargs: dict[str, Any] = {}
             for name in _FIELDS:
                 tp = types[name]
                 kwargs[name] = (

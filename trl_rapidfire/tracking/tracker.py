@@ -360,13 +360,18 @@ class Tracker:
         """Poll the control tags synchronously (tests; the thread polls on its own)."""
         self.active.set()
         done = threading.Event()
-        self._put(lambda: (self._poll(), done.set()))
+
+        def poll() -> None:
+            self._poll()
+            done.set()
+
+        self._put(poll)
         done.wait(timeout=30)
 
     def _poll(self) -> None:
         started = next(self._clock)
         ops: dict[str, str] = {}
-        parent_op = None
+        parent_op: str | None = None
         for run in self._search():
             tags = run.data.tags
             op = tags.get(OP_TAG)
@@ -386,18 +391,20 @@ class Tracker:
                 n: c for n, c in self._consumed.items()
                 if ops.get(n) == c.op and (c.done_at is None or c.done_at > started)
             }
-            answer_parent = parent_op is not None and not self._is_consumed("", parent_op)
-            if answer_parent:
-                self._consumed[""] = _Consumed(parent_op)
+            # The parent run's op, unless a poll before this one answered it.
+            unanswered = (parent_op if parent_op is not None
+                          and not self._is_consumed("", parent_op) else None)
+            if unanswered is not None:
+                self._consumed[""] = _Consumed(unanswered)
             ops.pop("", None)
             self._ops = ops
             names = sorted(self._runs, key=lambda n: (len(n), n))
-        if answer_parent:
+        if unanswered is not None:
             # The engine only knows the RF runs: an op on the experiment's parent run would
             # wait forever. Answer it here, on this thread, as the engine answers a bad op.
             listed = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-            self._answer("", self.parent_run_id, parent_op, (
-                f"error: {parent_op!r} was set on the experiment's parent run, which no op "
+            self._answer("", self.parent_run_id, unanswered, (
+                f"error: {unanswered!r} was set on the experiment's parent run, which no op "
                 f"applies to: set {OP_TAG} on one of its child runs (run name, also its tag "
                 f"{RUN_TAG}: {listed or 'none yet'})"))
 
@@ -475,7 +482,12 @@ class Tracker:
         """Wait until every queued write is done."""
         self.active.set()
         done = threading.Event()
-        self._put(lambda: (self._write_pending(), done.set()))
+
+        def write() -> None:
+            self._write_pending()
+            done.set()
+
+        self._put(write)
         done.wait(timeout=timeout)
 
     def close(self, parent_status: str | None = "FINISHED") -> None:

@@ -16,16 +16,16 @@ import copy
 import json
 import threading
 import warnings
-from typing import Any
+from typing import Any, NoReturn
 
 from transformers import TrainerCallback
 from transformers.trainer_utils import TrainOutput
 
-from ..config.cadence import DEFAULT_CADENCE, parse_cadence
+from ..config.cadence import parse_cadence
 from ..config.configs import RFConfigError, RFConfigMixin
 from ..control.ops import OpRecord
 from ..control.policies import as_policy
-from ..engine import Engine, RunFailure
+from ..engine import Engine, RunFailure, RunSlot, RunTrainer
 from ..reports.results import RunResult, pick_best
 from ..runtime.accelerate_state import left_as_found, restore_accelerate_state
 from ..runtime.cache import StateCache
@@ -33,12 +33,13 @@ from ..runtime.models import ModelPool
 from ..runtime.worker_info import lease_seconds
 from ..runtime.workers import current_worker
 from ..search.fingerprint import experiment_fingerprint
-from ..search.searches import AdaptiveSearch, GridSearch, Search
+from ..search.searches import AdaptiveSearch, ExpandingSearch, GridSearch, Search
+from ..storage.checkpoints import DEFAULT_CADENCE
 from ..storage.layout import Layout
 from ..storage.names import UntrustedValue
 from ..storage.schedule import ChunkRecord
 from .run_builder import RunBuilder
-from .run_trainer import copy_callbacks
+from .run_trainer import copy_callback
 from .setup_checks import check_clone_overrides, check_model_candidates, check_specs, open_store
 from .subclassing import (
     FORWARDED,
@@ -87,7 +88,7 @@ class RFTrainerMixin:
         policy = as_policy(policy)  # a bad policy fails before anything loads
         if search is None:
             search = GridSearch()
-        if not isinstance(search, Search):
+        if not isinstance(search, (ExpandingSearch, AdaptiveSearch)):
             raise TypeError(
                 f"`search` must be GridSearch(), RandomSearch(...) or OptunaSearch(...), got "
                 f"{search!r}."
@@ -97,8 +98,9 @@ class RFTrainerMixin:
         adaptive = isinstance(search, AdaptiveSearch)
         # An adaptive search's runs come from its study, which lives in the experiment's
         # folder: it is opened once that folder is known to be this experiment's.
-        described = search.describe(args, **knob_args) if adaptive else None
-        specs = [] if adaptive else search.expand(args, **knob_args)
+        described = (search.describe(args, **knob_args)
+                     if isinstance(search, AdaptiveSearch) else None)
+        specs = search.expand(args, **knob_args) if isinstance(search, ExpandingSearch) else []
         layout = Layout(args.output_dir)
         self._rf_pool = ModelPool()
         check_overrides(type(self))
@@ -115,7 +117,7 @@ class RFTrainerMixin:
             raise RFConfigError(str(err)) from None
         store = open_store(layout, experiment_fingerprint(specs, shared_args, described))
         proposer = None
-        if adaptive:
+        if isinstance(search, AdaptiveSearch):
             specs, proposer = search.start(args, layout, **knob_args)
             check_specs(specs, shared_args, builder, metric=search.metric, policy=policy)
         tracker = None
@@ -156,7 +158,7 @@ class RFTrainerMixin:
         if len(slots) == 1:
             # One config: what its TRL trainer changed in its config, a plain one changes in
             # the user's (trainer.args reads as TRL's would).
-            run_args = slots[0].trainer.args
+            run_args = slots[0].live_trainer().args
             for name in builder.changed_in_place.get(slots[0].name, []):
                 setattr(args, name, copy.deepcopy(getattr(run_args, name)))
 
@@ -294,7 +296,7 @@ class RFTrainerMixin:
             warnings.warn(f"{len(failures)} run(s) failed: {names}", RuntimeWarning, stacklevel=2)
         self._rf_best = best.name
         engine.activate(best.name)
-        return engine.slots[best.name].train_output
+        return engine.slots[best.name].outcome.train_output
 
     # ------------------------------------------------------------------ results
 
@@ -329,7 +331,11 @@ class RFTrainerMixin:
         """The live TRL trainer of run ``name`` (for inspection)."""
         return self._rf_engine.slots[name].trainer
 
-    def _rf_current_slot(self) -> Any:
+    def _rf_trainers(self) -> list[RunTrainer]:
+        """The runs' trainers (a run that failed before its trainer was built has none)."""
+        return [s.trainer for s in self._rf_engine.slots.values() if s.trainer is not None]
+
+    def _rf_current_slot(self) -> RunSlot:
         slots = self._rf_engine.slots
         if self._rf_best is not None:
             return slots[self._rf_best]
@@ -344,8 +350,8 @@ class RFTrainerMixin:
         save_model()), and the process's as it was afterwards."""
         slot = self._rf_current_slot()
         with left_as_found():
-            if slot.accelerate is not None:
-                restore_accelerate_state(slot.accelerate)
+            if slot.turn.accelerate is not None:
+                restore_accelerate_state(slot.turn.accelerate)
             yield slot.trainer
 
     # ------------------------------------------------------------------ the best run's face
@@ -361,28 +367,28 @@ class RFTrainerMixin:
     @as_trl_on_runs
     def end(self) -> None:
         """Finish every run's trackers (the Trainer's ``end()``, once per run)."""
-        for slot in self._rf_engine.slots.values():
-            if slot.trainer is not None and hasattr(slot.trainer, "end"):
-                slot.trainer.end()
+        for trainer in self._rf_trainers():
+            if hasattr(trainer, "end"):
+                trainer.end()
 
     @as_trl_on_runs
     def add_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> None:
         """Add a callback to every run (a copy each)."""
-        for slot in self._rf_engine.slots.values():
-            slot.trainer.add_callback(copy_callbacks([callback])[0])
+        for trainer in self._rf_trainers():
+            trainer.add_callback(copy_callback(callback))
 
     @as_trl_on_runs
     def remove_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> None:
         """Remove a callback (by class) from every run."""
         cls = callback if isinstance(callback, type) else type(callback)
-        for slot in self._rf_engine.slots.values():
-            slot.trainer.remove_callback(cls)
+        for trainer in self._rf_trainers():
+            trainer.remove_callback(cls)
 
     @as_trl_on_runs
     def pop_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> Any:
         """Remove a callback (by class) from every run; returns the best run's copy."""
         cls = callback if isinstance(callback, type) else type(callback)
-        popped = [s.trainer.pop_callback(cls) for s in self._rf_engine.slots.values()]
+        popped = [trainer.pop_callback(cls) for trainer in self._rf_trainers()]
         return popped[0] if popped else None
 
     def __getattr__(self, name: str) -> Any:
@@ -397,20 +403,22 @@ for _name in FORWARDED:
     setattr(RFTrainerMixin, _name, forward_to_best_run(_name))
 
 
-def _raise_failures(what: str, slots: list[Any], errors: dict[str, str] | None = None) -> None:
+def _raise_failures(what: str, slots: list[RunSlot],
+                    errors: dict[str, str] | None = None) -> NoReturn:
     """Raise why no run is left: one run's own exception when the experiment has one run (as
     its TRL trainer would raise it), else a :class:`RunFailure` listing every run's."""
-    if len(slots) == 1 and slots[0].exception is not None:
-        exc = slots[0].exception
+    if len(slots) == 1 and slots[0].outcome.exception is not None:
+        exc = slots[0].outcome.exception
         note = (f"trl-rapidfire: the experiment's one run, {slots[0].name}, raised this in its "
                 "training (its traceback above), as its TRL trainer alone would have.")
         if note not in getattr(exc, "__notes__", ()):
             exc.add_note(note)
         raise exc
-    errors = errors or {s.name: s.error for s in slots}
+    errors = errors or {s.name: s.failure for s in slots}
     detail = "\n".join(f"  {name}: {err}" for name, err in errors.items())
     raise RunFailure(f"{what}:\n{detail}",
-                     {s.name: s.exception for s in slots if s.exception is not None})
+                     {s.name: s.outcome.exception for s in slots
+                      if s.outcome.exception is not None})
 
 
 def _tracks_to_mlflow(args: Any) -> bool:
@@ -420,11 +428,13 @@ def _tracks_to_mlflow(args: Any) -> bool:
     return bool(report_to) and ("mlflow" in report_to or "all" in report_to)
 
 
-def rf_config_from(args: Any, config_class: type, default_output_dir: str) -> Any:
+def rf_config_from(args: Any, config_class: type[RFConfigMixin],
+                   default_output_dir: str) -> Any:
     """Accept what the TRL trainer accepts as ``args``: an RF config, the TRL config, plain
     ``TrainingArguments`` (converted), or ``None`` (defaults)."""
     if args is None:
-        return config_class(output_dir=default_output_dir)
+        # An RF config class is a dataclass of the mixin and a TRL config: TRL's fields.
+        return config_class(output_dir=default_output_dir)  # type: ignore[call-arg]
     if isinstance(args, RFConfigMixin):
         return args
     if isinstance(args, config_class.trl_config_class):  # a plain TRL config: one run, one chunk

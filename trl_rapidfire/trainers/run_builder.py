@@ -229,7 +229,7 @@ class RunBuilder:
         )
         knobs = {**parent.knobs, **overrides}
         try:
-            new_spec = Search.build_run(name, run_index(name), knobs, args, spec.trainer_kwargs)
+            new_spec = Search.build_run(name, _index_of(name), knobs, args, spec.trainer_kwargs)
         except SearchError as err:
             raise OpError(f"invalid clone of {parent.name}: {err}") from None
         if op.warm:
@@ -252,7 +252,7 @@ class RunBuilder:
         the experiment's config and trainer arguments have it (what ``expand`` would have
         built). Raises :class:`~trl_rapidfire.search.searches.SearchError` for invalid values."""
         self.single = False
-        spec = Search.build_run(name, run_index(name), knobs, self.args, self.knob_args)
+        spec = Search.build_run(name, _index_of(name), knobs, self.args, self.knob_args)
         try:
             return self.build(spec)
         except Exception:
@@ -268,6 +268,14 @@ class RunBuilder:
                 group.runs.remove(name)
             if index is not None:
                 group.delete_adapter(adapter_name(index))
+
+
+def _index_of(name: str) -> int:
+    """The number of a run the engine named (``run-<n>``: clones and proposals are)."""
+    index = run_index(name)
+    if index is None:
+        raise ValueError(f"{name!r} is not a run's name (run-<n>)")
+    return index
 
 
 def _check_group_agrees(group: Any, run: str, config: Any) -> None:

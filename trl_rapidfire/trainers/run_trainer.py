@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PrinterCallback, ProgressCallback
@@ -21,10 +21,18 @@ from transformers.integrations import MLflowCallback
 
 from ..storage.checkpoints import commit_folder, start_folder
 
-__all__ = ["RunTrainerMixin", "copy_callbacks"]
+__all__ = ["RunTrainerMixin", "copy_callback", "copy_callbacks"]
 
 
-class RunTrainerMixin:
+# The mixin is only ever mixed into a TRL trainer (run_class_for): for the type checker its
+# base is the Trainer, so calls to the Trainer's methods through super() are checked as such.
+if TYPE_CHECKING:
+    from transformers import Trainer as _TrainerBase
+else:
+    _TrainerBase = object
+
+
+class RunTrainerMixin(_TrainerBase):
     """Mixed into a TRL trainer class to make one run's trainer.
 
     * With a shared multi-adapter model, checkpoints and ``save_model`` write only this run's
@@ -52,7 +60,8 @@ class RunTrainerMixin:
         with _as_if_trl_made_the_adapter(model, rf_adapter):
             # The TRL trainer's own __init__: the user's subclass (its __init__ included) is
             # the experiment's, and it ran once, with the arguments the user gave.
-            self.rf_trl_class.__init__(self, *args, **kwargs)
+            # (On purpose the TRL class's own __init__, not this instance's class's.)
+            self.rf_trl_class.__init__(self, *args, **kwargs)  # type: ignore[misc]
         for cb in (ProgressCallback, PrinterCallback, MLflowCallback):
             self.remove_callback(cb)  # one bar for the experiment; MLflow is the engine's
         try:
@@ -212,17 +221,17 @@ class RunTrainerMixin:
             self.store_flos()
             model = self.model
             adapter = self._rf_adapter
+            weights: bytes | None = None
             if adapter is None:
                 self.save_model(str(tmp), _internal_call=True)
-                weights = None
             else:
-                weights = self._rf_adapter_state_dict()
+                tensors = self._rf_adapter_state_dict()
                 model.peft_config[adapter].save_pretrained(str(tmp))
                 # Serialized here, in the turn: serializing holds the GIL for tens of
                 # milliseconds at a time (torch.save of an optimizer's 700 tensors at a 135M
                 # model's shape: the training thread ran at a sixth of its speed beside it).
                 # The writer thread is left the file writes, which release it.
-                weights = safetensors_bytes({k: v.contiguous() for k, v in weights.items()},
+                weights = safetensors_bytes({k: v.contiguous() for k, v in tensors.items()},
                                             metadata={"format": "pt"})
             files = {"optimizer.pt": _torch_bytes(self.optimizer.state_dict()),
                      "scheduler.pt": _torch_bytes(self.lr_scheduler.state_dict()),
@@ -327,23 +336,26 @@ def _count_params_of(peft_model: Any, adapter: str) -> int:
                if id(p) not in embeddings and others.isdisjoint(name.split(".")))
 
 
+def copy_callback(callback: Any) -> Any:
+    """A run's own copy of ``callback``: a class as it is (each trainer instantiates its own),
+    an instance deep-copied, so runs do not share callback state."""
+    if isinstance(callback, type):
+        return callback
+    try:
+        return copy.deepcopy(callback)
+    except Exception as err:
+        raise TypeError(
+            f"Callback {callback!r} cannot be copied ({type(err).__name__}: {err}); every run "
+            "needs its own copy so runs do not share callback state. Make it copyable "
+            "with copy.deepcopy, or pass its class instead of an instance."
+        ) from err
+
+
 def copy_callbacks(callbacks: Sequence[Any] | None) -> list[Any] | None:
+    """Each run's own copies of a trainer's ``callbacks`` (see :func:`copy_callback`)."""
     if callbacks is None:
         return None
-    out = []
-    for cb in callbacks:
-        if isinstance(cb, type):
-            out.append(cb)  # a class: each trainer instantiates its own
-            continue
-        try:
-            out.append(copy.deepcopy(cb))
-        except Exception as err:
-            raise TypeError(
-                f"Callback {cb!r} cannot be copied ({type(err).__name__}: {err}); every run "
-                "needs its own copy so runs do not share callback state. Make it copyable "
-                "with copy.deepcopy, or pass its class instead of an instance."
-            ) from err
-    return out
+    return [copy_callback(cb) for cb in callbacks]
 
 
 def _params_behind(model: torch.nn.Module,

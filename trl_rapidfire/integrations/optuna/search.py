@@ -21,7 +21,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...config.knobs import Range
+from ...config.knobs import List
 from ...search.fingerprint import config_doc
 from ...search.fingerprint import describe as describe_argument
 from ...search.searches import AdaptiveSearch, RunSpec, Search, SearchError
@@ -137,8 +137,8 @@ class OptunaSearch(AdaptiveSearch):
         knobs = {}
         for axis in space.axes:
             for name, knob in zip(axis.names, axis.knobs):
-                knobs[name] = repr(knob) if isinstance(knob, Range) else [
-                    describe_argument(v) for v in knob.values]  # type: ignore[union-attr]
+                knobs[name] = ([describe_argument(v) for v in knob.values]
+                               if isinstance(knob, List) else repr(knob))
         sampler = self.sampler
         return {"search": "OptunaSearch", "sampler": None if sampler is None else (
                     getattr(sampler, "__qualname__", None) or type(sampler).__name__),

@@ -111,7 +111,7 @@ class SearchSpace:
                                                                          log=dist.log)
                     params[name] = float(value)
                 continue
-            lists = [k.values for k in axis.knobs]  # type: ignore[union-attr]
+            lists = [k.values for k in axis.lists]
             index = next((i for i in range(len(lists[0]))
                           if all(same_value(knobs[n], lst[i])
                                  for n, lst in zip(axis.names, lists))), None)

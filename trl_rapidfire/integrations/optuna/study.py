@@ -32,7 +32,7 @@ from typing import Any
 from filelock import FileLock
 
 from ...control.policies import RunHistory, chunk_values
-from ...search.searches import Proposal
+from ...engine.proposals import Proposal
 from ...shared_state.runs import RunStatus
 from ...shared_state.store import StoreError
 from ...storage.csv_logs import append_row

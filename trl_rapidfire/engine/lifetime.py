@@ -1,73 +1,18 @@
-"""Small pieces the engine's modules share: disk faults, the experiment's wall clock, lease
-renewal, Ctrl-C, what goes into the shared state and MLflow, and the engine's attributes that
-its collaborators keep."""
+"""This worker's time in the experiment: its wall clock, the lease that keeps its claim while
+a chunk trains, and how it stops early (Ctrl-C, a launcher that died)."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Protocol
 
-from ..config.knobs import describe_value
-from ..control.ops import OpError, parse_op
 from ..runtime.worker_info import launcher_gone
 from ..shared_state.store import StateStore, renew
-from ..storage.faults import ExperimentFault, disk_fault, fault_message
-from ..storage.outside_text import STATE_BYTES, OutsideTextError
-from ..storage.own_files import read_json
 
-__all__ = [
-    "FaultNote",
-        "LeaseKeeper",
-    "WallClock",
-    "canonical_op",
-    "disk_faults",
-    "install_sigint",
-    "json_knobs",
-    "load_trainer_state",
-    "one_line",
-    "orphaned",
-    "points_of",
-]
-
-
-@contextlib.contextmanager
-def disk_faults(what: str, path: Path) -> Iterator[None]:
-    """Our own writes: a disk fault becomes an :class:`ExperimentFault` naming ``path``."""
-    try:
-        yield
-    except ExperimentFault:
-        raise
-    except Exception as exc:
-        detail = disk_fault(exc, ours=True)
-        if detail is None:
-            raise
-        raise ExperimentFault(fault_message(what, path, detail)) from exc
-
-
-class FaultNote:
-    """The disk fault that stopped the experiment (faults.py): this engine trains no more; a
-    re-run of the script continues from the last recorded boundaries. The first fault noted
-    is the one reported."""
-
-    def __init__(self) -> None:
-        self.message: str | None = None
-
-    def note(self, message: str | None) -> None:
-        self.message = self.message or message
-
-    @contextlib.contextmanager
-    def kept(self) -> Iterator[None]:
-        """An :class:`ExperimentFault` raised in the body is noted, not raised."""
-        try:
-            yield
-        except ExperimentFault as exc:
-            self.note(str(exc))
+__all__ = ["Interruptible", "LeaseKeeper", "WallClock", "install_sigint", "orphaned"]
 
 
 class WallClock:
@@ -81,50 +26,6 @@ class WallClock:
     def seconds(self) -> float:
         running = time.perf_counter() - self.started if self.started is not None else 0.0
         return self.before + running
-
-
-def canonical_op(text: str) -> str:
-    """The op as the shared state records it (``str(parse_op(text))``), or ``text``."""
-    try:
-        return str(parse_op(text))
-    except OpError:
-        return text
-
-
-def json_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
-    # The shared state is JSON: a LoRA config or a function is kept as its description.
-    return {k: v if isinstance(v, (str, int, float, bool, type(None))) else describe_value(v)
-            for k, v in knobs.items()}
-
-
-def load_trainer_state(path: Path) -> Any:
-    """A checkpoint's ``trainer_state.json``, read within the bounds of any state file (it is
-    in the experiment's folder, which others may write to); errors name the file."""
-    from transformers import TrainerState
-
-    doc = read_json(path, max_bytes=STATE_BYTES)
-    if not isinstance(doc, dict):
-        raise OutsideTextError(f"{path} is not a trainer state (a JSON object)")
-    try:
-        return TrainerState(**doc)
-    except TypeError as err:
-        raise OutsideTextError(f"{path} is not a trainer state: {err}") from None
-
-
-def one_line(err: BaseException, limit: int = 500) -> str:
-    """``err``'s message as one line of at most ``limit`` characters (for an op's answer)."""
-    lines = str(err).strip().splitlines()
-    text = lines[0] if lines else ""
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def points_of(log_history: list[dict[str, Any]]) -> list[tuple[str, float, int, int]]:
-    now = int(time.time() * 1000)
-    return [
-        (key, float(value), int(entry.get("step", 0)), now)
-        for entry in log_history for key, value in entry.items()
-        if key not in ("step",) and isinstance(value, (int, float)) and not isinstance(value, bool)
-    ]
 
 
 class LeaseKeeper:
