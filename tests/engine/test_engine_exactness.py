@@ -408,6 +408,39 @@ def test_a_raising_formatting_function_fails_its_run_only(model_path, tmp_path):
     assert _logs(rf.run_trainer("run-1")) == _logs(ref)
 
 
+class _Seen(TrainerCallback):
+    pass
+
+
+def test_callbacks_reach_the_runs_that_have_trainers_when_one_failed_to_build(model_path,
+                                                                              tmp_path):
+    """A run whose dataset preparation raised has no trainer: adding, removing and popping
+    callbacks on the experiment acts on the others (it raised AttributeError on None)."""
+    data = make_sft_dataset(32, seed=7)
+    with pytest.warns(RuntimeWarning, match="formatting bug"):
+        rf = RFSFTTrainer(
+            model=model_path,
+            args=RFSFTConfig(output_dir=str(tmp_path / "rf"), num_chunks=2, **BASE),
+            train_dataset=data,
+            peft_config=tiny_lora_config(r=4),
+            formatting_func=List([_format_broken, _format_ok]),
+        )
+
+    def seen() -> list:
+        return [cb for cb in rf.run_trainer("run-1").callback_handler.callbacks
+                if isinstance(cb, _Seen)]
+
+    assert rf.run_trainer("run-0") is None
+    mine = _Seen()
+    rf.add_callback(mine)
+    (copy,) = seen()
+    assert copy is not mine  # each run has its own copy
+    rf.remove_callback(_Seen)
+    assert seen() == []
+    rf.add_callback(_Seen)
+    assert isinstance(rf.pop_callback(_Seen), _Seen) and seen() == []
+
+
 def test_two_base_models_each_loaded_once_each_run_exact(model_path, tmp_path):
     other_path = tiny_model_path(seed=1)  # same architecture, other weights and tokenizer
     data = make_sft_dataset(32, seed=8)
@@ -429,7 +462,7 @@ def test_two_base_models_each_loaded_once_each_run_exact(model_path, tmp_path):
         assert _logs(rf.run_trainer(f"run-{i}")) == _logs(ref)
 
 
-def test_configs_built_between_chunks_do_not_disturb_live_runs(model_path, tmp_path, monkeypatch):
+def test_configs_built_between_chunks_do_not_disturb_live_runs(model_path, tmp_path):
     """Building any TrainingArguments resets accelerate's global state (and the last trainer
     built rewrites GradientState); each run gets its own back at every switch."""
     data = make_sft_dataset(32, seed=9)
