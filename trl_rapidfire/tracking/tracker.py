@@ -14,27 +14,27 @@ if set, else the base name of ``output_dir``. Runs are found by the tag
 run name, so two output folders with the same base name never mix, and a re-run of the same
 script on the same folder continues the same MLflow runs.
 
-Ops (docs/ic-ops.md): once the engine applied a run's ``rapidfire.op``, the tag is removed if
-it still holds that text, and only then are ``rapidfire.op.result`` and ``rapidfire.op.seq``
-written, so a person who waits for either before setting the next op never loses it.
+The tracker is the face the engine sees; the parts are :mod:`.background` (the thread),
+:mod:`.op_channel` (ops set as run tags, and their answers) and :mod:`.mlflow_store` (a store
+left half-created by a crash, repaired).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
-import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .background import BackgroundThread, Periodic
 from .mlflow_store import TrackingStoreError, ensure_schema
+from .op_channel import OpChannel
 from .tags import (
     EXPERIMENT_TAG,
     HEARTBEAT_INTERVAL,
@@ -73,16 +73,6 @@ _PARAM_VALUE_MAX = 6000
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=repr, sort_keys=True)
     return text if len(text) <= _PARAM_VALUE_MAX else text[: _PARAM_VALUE_MAX - 3] + "..."
-
-
-@dataclass
-class _Consumed:
-    """An applied op whose tag polls may still show, until a poll that began after our
-    compare-and-delete completed (``done_at``, the tracker's clock): the same text is then a
-    new op."""
-
-    op: str
-    done_at: int | None = None
 
 
 @dataclass
@@ -143,26 +133,23 @@ class Tracker:
                 else self.client.create_experiment(self.experiment_name)
             )
         self._runs: dict[str, _RunHandle] = {}
-        self._ops: dict[str, str] = {}
-        self._seen: dict[str, str] = {}  # run name -> MLflow run id, of every polled child run
-        self._consumed: dict[str, _Consumed] = {}
-        self._clock = itertools.count(1)  # orders polls and deletes (next() is atomic)
-        self._lock = threading.Lock()
-        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
-        self._errors: list[str] = []
-        self._stop = threading.Event()
+        self._lock = threading.Lock()  # the runs and the queued points and tags
         self.polling = threading.Event()  # set while an experiment trains
         self._beating = False  # between experiment_started() and experiment_ended()
         self.polling.set()
-        # Cleared while the engine switches runs: MLflow calls are milliseconds of Python under
-        # the GIL, so the thread waits for the next chunk, when torch kernels release the GIL.
-        self.active = threading.Event()
-        self.active.set()
         with self._setup_lock:
             self.parent_run_id = self._find_or_create("", role="experiment")
-        self._thread: threading.Thread | None = None
-        self._thread_lock = threading.Lock()
-        self._ensure_thread()
+        # Writes queued points and tags every write_interval s, polls the control tags every
+        # poll_interval s while polling is set, beats while an experiment trains.
+        self._thread = BackgroundThread("rapidfire-tracking", [
+            Periodic(write_interval, self._write_pending),
+            Periodic(poll_interval, self._poll, self.polling.is_set),
+            Periodic(HEARTBEAT_INTERVAL, self._beat, lambda: self._beating),
+        ])
+        # Cleared while the engine switches runs (see BackgroundThread).
+        self.active = self._thread.active
+        self.ops = OpChannel(self.client, self.parent_run_id, self._thread.note_error)
+        self._thread.start()
 
     # ------------------------------------------------------------------ runs
 
@@ -253,8 +240,9 @@ class Tracker:
             points, self._pending_points = self._pending_points, {}
             tags, self._pending_tags = self._pending_tags, {}
         for name in {**points, **tags}:
-            self._run_job(partial(self._write_run, name, points.get(name, []),
-                                  tags.get(name, {})))
+            # One job per run: a run MLflow refuses does not keep the others' points out.
+            self._thread.run_guarded(partial(self._write_run, name, points.get(name, []),
+                                             tags.get(name, {})))
 
     def _write_run(self, name: str, points: list[tuple[str, float, int, int]],
                    tags: Mapping[str, str]) -> None:
@@ -279,7 +267,7 @@ class Tracker:
                 self._write_pending()
                 self.client.set_terminated(self._runs[name].run_id, mlflow_status)
 
-            self._put(job)
+            self._thread.put(job)
 
     # ------------------------------------------------------------------ the experiment
 
@@ -291,7 +279,7 @@ class Tracker:
             self._beat()
 
         self._beating = True
-        self._put(job)
+        self._thread.put(job)
 
     def experiment_ended(self, outcome: str) -> None:
         """A ``train()`` call ended (``finished``, ``failed`` or ``killed``): the parent run
@@ -303,7 +291,7 @@ class Tracker:
             self._write_pending()
             self.client.set_terminated(self.parent_run_id, status)
 
-        self._put(job)
+        self._thread.put(job)
 
     def _beat(self) -> None:
         self.client.set_tag(self.parent_run_id, HEARTBEAT_TAG, str(int(time.time())))
@@ -312,187 +300,57 @@ class Tracker:
 
     def pending_ops(self) -> dict[str, str]:
         """Run name -> the op text set on it and not yet consumed (latest poll)."""
-        with self._lock:
-            return {n: op for n, op in self._ops.items() if not self._is_consumed(n, op)}
-
-    def _is_consumed(self, name: str, op: str) -> bool:
-        return name in self._consumed and self._consumed[name].op == op
+        return self.ops.pending()
 
     def consume_op(self, name: str, op: str, result: str) -> None:
         """The engine applied (or rejected) ``op``: remove the tag, then write the result."""
         # A run this process never set up (e.g. a name no run has) is answered too.
-        run_id = self._runs[name].run_id if name in self._runs else self._seen.get(name)
+        run_id = self._runs[name].run_id if name in self._runs else self.ops.seen_run_id(name)
         if run_id is None:
             return
+        self.ops.consumed(name, op)
         with self._lock:
-            self._consumed[name] = _Consumed(op)
             # An older result queued for this run (a policy's) must not land after this answer.
             self._pending_tags.get(name, {}).pop(OP_RESULT_TAG, None)
-        self._put(partial(self._answer, name, run_id, op, result))
-
-    def _answer(self, name: str, run_id: str, op: str, result: str) -> None:
-        """Compare-and-delete the op tag first, then write the result and the answer count: a
-        person sets the next op once this one's tag is gone (or its answer is there), when the
-        delete is done and cannot remove it. Another text found there was set over this op
-        before its answer (against the protocol) and stays pending."""
-        from mlflow.entities import RunTag
-
-        tags = self.client.get_run(run_id).data.tags
-        removed = True
-        if tags.get(OP_TAG) == op:
-            try:
-                self.client.delete_tag(run_id, OP_TAG)
-            except Exception as exc:  # noqa: BLE001 - gone meanwhile is fine; else say so
-                removed = self.client.get_run(run_id).data.tags.get(OP_TAG) != op
-                if not removed:  # the tag stays filtered: the op was applied once
-                    self._errors.append(f"removing {name}'s op tag: {type(exc).__name__}: {exc}")
-        done = next(self._clock)
-        with self._lock:
-            marker = self._consumed.get(name)
-            if removed and marker is not None and marker.op == op:
-                marker.done_at = done
-        count = tags.get(OP_SEQ_TAG, "0")
-        seq = int(count) + 1 if count.isdigit() else 1  # one consumer: no lost increments
-        self.client.log_batch(run_id, tags=[RunTag(OP_RESULT_TAG, result[:5000]),
-                                            RunTag(OP_SEQ_TAG, str(seq))])
+        self._thread.put(partial(self.ops.answer, name, run_id, op, result))
 
     def poll_now(self) -> None:
         """Poll the control tags synchronously (tests; the thread polls on its own)."""
-        self.active.set()
-        done = threading.Event()
-
-        def poll() -> None:
-            self._poll()
-            done.set()
-
-        self._put(poll)
-        done.wait(timeout=30)
+        self._thread.run_and_wait(self._poll, timeout=30)
 
     def _poll(self) -> None:
-        started = next(self._clock)
-        ops: dict[str, str] = {}
-        parent_op: str | None = None
-        for run in self._search():
-            tags = run.data.tags
-            op = tags.get(OP_TAG)
-            if op is None:  # an empty op is answered (an error) and removed like any other
-                continue
-            if tags.get(ROLE_TAG) == "run":
-                ops[tags.get(RUN_TAG, "")] = op
-                self._seen[tags.get(RUN_TAG, "")] = run.info.run_id
-            elif run.info.run_id == self.parent_run_id:
-                parent_op = op
-        if parent_op is not None:
-            ops[""] = parent_op
+        self.ops.poll(self._search, self._run_names)
+
+    def _run_names(self) -> list[str]:
         with self._lock:
-            # A marker is done once this poll no longer sees its text, or began after our delete
-            # completed: what it sees was set after that delete, a new op even if the same text.
-            self._consumed = {
-                n: c for n, c in self._consumed.items()
-                if ops.get(n) == c.op and (c.done_at is None or c.done_at > started)
-            }
-            # The parent run's op, unless a poll before this one answered it.
-            unanswered = (parent_op if parent_op is not None
-                          and not self._is_consumed("", parent_op) else None)
-            if unanswered is not None:
-                self._consumed[""] = _Consumed(unanswered)
-            ops.pop("", None)
-            self._ops = ops
-            names = sorted(self._runs, key=lambda n: (len(n), n))
-        if unanswered is not None:
-            # The engine only knows the RF runs: an op on the experiment's parent run would
-            # wait forever. Answer it here, on this thread, as the engine answers a bad op.
-            listed = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-            self._answer("", self.parent_run_id, unanswered, (
-                f"error: {unanswered!r} was set on the experiment's parent run, which no op "
-                f"applies to: set {OP_TAG} on one of its child runs (run name, also its tag "
-                f"{RUN_TAG}: {listed or 'none yet'})"))
+            return list(self._runs)
 
     # ------------------------------------------------------------------ the thread
-
-    def _ensure_thread(self) -> None:
-        """The background thread, (re)started if :meth:`suspend` stopped it."""
-        with self._thread_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._stop.clear()
-                self._thread = threading.Thread(target=self._loop, name="rapidfire-tracking",
-                                                daemon=True)
-                self._thread.start()
-
-    def _put(self, job: Callable[[], None]) -> None:
-        self._ensure_thread()
-        self._jobs.put(job)
 
     def suspend(self) -> None:
         """Write what is queued and stop the background thread until the next write, poll or
         :meth:`resume` (between ``train()`` calls: a notebook that trains many experiments
         keeps no idle thread, and nothing of them, alive)."""
         self.flush()
-        with self._thread_lock:
-            if self._thread is not None and self._thread.is_alive():
-                self._stop.set()
-                self._jobs.put(lambda: None)
-                self._thread.join(timeout=30)
+        self._thread.stop()
 
     def resume(self) -> None:
         """Start the background thread again (a ``train()`` call begins)."""
-        self._ensure_thread()
-
-    def _loop(self) -> None:
-        next_poll = next_write = next_beat = 0.0
-        while True:
-            timeout = max(min(next_poll, next_write, next_beat) - time.monotonic(), 0.0)
-            try:
-                job = self._jobs.get(timeout=timeout)
-            except queue.Empty:
-                job = None
-            if job is not None:
-                self._run_job(job)
-                if self._stop.is_set() and self._jobs.empty():
-                    return
-                continue
-            if self._stop.is_set():
-                return
-            now = time.monotonic()
-            if now >= next_write:
-                self._write_pending()
-                next_write = time.monotonic() + self.write_interval
-            if now >= next_poll:
-                if self.polling.is_set():
-                    self._run_job(self._poll)
-                next_poll = time.monotonic() + self.poll_interval
-            if now >= next_beat:
-                if self._beating:
-                    self._run_job(self._beat)
-                next_beat = time.monotonic() + HEARTBEAT_INTERVAL
-
-    def _run_job(self, job: Callable[[], None]) -> None:
-        self.active.wait()
-        try:
-            job()
-        except Exception as exc:  # noqa: BLE001 - tracking must never stop training
-            self._errors.append(f"{type(exc).__name__}: {exc}")
+        self._thread.start()
 
     @property
     def errors(self) -> list[str]:
         """Errors MLflow raised on the background thread (training went on)."""
-        return list(self._errors)
+        return self._thread.errors
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every queued write is done."""
-        self.active.set()
-        done = threading.Event()
-
-        def write() -> None:
-            self._write_pending()
-            done.set()
-
-        self._put(write)
-        done.wait(timeout=timeout)
+        self._thread.run_and_wait(self._write_pending, timeout=timeout)
 
     def close(self, parent_status: str | None = "FINISHED") -> None:
         """Flush, end the parent run, stop the thread."""
         if parent_status is not None:
-            self._jobs.put(lambda: self.client.set_terminated(self.parent_run_id, parent_status))
+            self._thread.put(partial(self.client.set_terminated, self.parent_run_id,
+                                     parent_status))
         self.flush()
         self.suspend()
