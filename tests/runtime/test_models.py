@@ -190,3 +190,42 @@ def test_detached_adapters_leave_the_module_tree_and_come_back_as_they_were():
     assert [id(p) for p in adapter_params(model, "rf1")] == own
     assert all(p.requires_grad for p in adapter_params(model, "rf1"))
     assert not any(p.requires_grad for p in adapter_params(model, "rf0"))
+
+
+def test_the_fast_switch_is_used_only_with_a_checked_peft_version():
+    from trl_rapidfire.runtime.foreign_internals import PEFT_CHECKED, peft_fast_switch
+
+    (low_major, low_minor), (high_major, high_minor) = PEFT_CHECKED
+    assert peft_fast_switch(f"{low_major}.{low_minor}.0")
+    assert peft_fast_switch(f"{high_major}.{high_minor}.7.dev0")
+    assert peft_fast_switch()  # the installed PEFT is the test suite's
+    for newer in (f"{high_major}.{high_minor + 1}.0", f"{high_major + 1}.0.0", "main"):
+        with pytest.warns(RuntimeWarning, match="set_adapter instead"):
+            assert not peft_fast_switch(newer)
+
+
+def test_with_an_unchecked_peft_switching_uses_set_adapter_and_ends_the_same(monkeypatch):
+    """The fallback path (PEFT's own set_adapter at every switch) leaves the model as the fast
+    path does: same active adapter, same trainable parameters, same attached adapters."""
+    import trl_rapidfire.runtime.models as models
+
+    loras = [tiny_lora_config(r=4), tiny_lora_config(r=8, target_modules=("q_proj", "k_proj")),
+             tiny_lora_config(r=2)]
+    groups = []
+    for _ in range(2):
+        group = ModelPool().group(build_model(build_tokenizer()), peft_config=loras[0],
+                                  model_init_kwargs=None)
+        for i, lora in enumerate(loras):
+            group.add_adapter(adapter_name(i), lora, seed=i)
+        groups.append(group)
+    fast, public = groups
+    calls = []
+    for name in ["rf0", "rf1", "rf2", "rf0", "rf2", "rf1"]:
+        fast.activate(name)
+        monkeypatch.setattr(models, "peft_fast_switch", lambda: calls.append(1) or False)
+        public.activate(name)
+        monkeypatch.undo()
+        assert fast.model.active_adapter == public.model.active_adapter == name
+        assert fast.attached == public.attached == {name}
+        _assert_same_flags(fast, public)
+    assert len(calls) >= 4  # every activation after the first asked, and took PEFT's path

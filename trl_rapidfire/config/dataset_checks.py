@@ -10,8 +10,7 @@ from typing import Any
 
 from .preflight import PreflightError
 
-__all__ = ["check_dataset_rows", "check_dpo_dataset", "check_grpo_dataset", "check_sft_dataset",
-           "dataset_fingerprint"]
+__all__ = ["check_dataset_rows", "check_dpo_dataset", "check_grpo_dataset", "check_sft_dataset"]
 
 
 def _each_dataset(label: str, value: Any) -> list[tuple[str, Any]]:
@@ -178,13 +177,3 @@ def check_grpo_dataset(dataset: Any, *, label: str = "train_dataset") -> None:
                 "completions for each row's 'prompt' (a string or a list of chat messages). "
                 f"Rename the column: dataset.rename_column({guess!r}, 'prompt')."
             )
-
-
-def dataset_fingerprint(data: Any) -> Any:
-    """What identifies ``data`` between two launches of a script: a ``datasets.Dataset``'s
-    fingerprint (the hash of how it was made; datasets has no public name for it), else its
-    length, else its type's name."""
-    fingerprint = getattr(data, "_fingerprint", None)
-    if fingerprint:
-        return fingerprint
-    return len(data) if hasattr(data, "__len__") else type(data).__name__

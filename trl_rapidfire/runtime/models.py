@@ -34,6 +34,13 @@ from typing import Any
 import torch
 from transformers import set_seed
 
+from .foreign_internals import (
+    peft_fast_switch,
+    put_module_back,
+    set_layer_active_adapter,
+    wrapper_adapters,
+)
+
 __all__ = [
     "ModelGroup",
     "ModelPool",
@@ -164,7 +171,7 @@ class ModelGroup:
         prev, self._active = self._active, None
         model.active_adapter = name
         if (prev is not None and prev != name and not self._aux_modules
-                and prev in self._trainable):
+                and prev in self._trainable and peft_fast_switch()):
             # Only two adapters change trainability: toggling theirs is what set_adapter's
             # walk over every adapter of every layer ends with (9 ms a switch at a 135M
             # model's shape with 8 adapters, against well under 1 ms). An adapter's first
@@ -178,11 +185,11 @@ class ModelGroup:
             for layer in self._tuner_layers:
                 if layer.merged:
                     layer.unmerge()
-                layer._active_adapter = [name]  # what set_adapter sets last
+                set_layer_active_adapter(layer, name)
         else:
             for module in self._aux_modules:
                 target = module.check_set_adapter(name)
-                module.set_adapter(target if target in module._adapters else [])
+                module.set_adapter(target if target in wrapper_adapters(module) else [])
             for layer in self._tuner_layers:
                 if layer.merged:
                     layer.unmerge()
@@ -268,7 +275,7 @@ class ModelGroup:
         wrappers keep per-adapter copies of base modules, which detaching would not cover."""
         self._find_layers()
         assert self._aux_modules is not None  # found just now
-        return any(name in getattr(m, "_adapters", ()) for m in self._aux_modules)
+        return any(name in wrapper_adapters(m) for m in self._aux_modules)
 
     def attach(self, name: str) -> None:
         """Put a detached adapter's modules back (no-op if it is in the model)."""
@@ -285,10 +292,8 @@ class ModelGroup:
     def _put_back(taken: list[tuple[Any, str, Any]]) -> bool:
         for container, key, value in taken:
             if type(container) is torch.nn.ModuleDict:
-                # The very module taken out goes back where it was: what ModuleDict's
-                # __setitem__ ends with, without its checks of a new name and module
-                # (a third of a switch's time on the tiny model).
-                container._modules[key] = value
+                # Without __setitem__'s checks of a new name and module (foreign_internals).
+                put_module_back(container, key, value)
             else:
                 container[key] = value
         return False

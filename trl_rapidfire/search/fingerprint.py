@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..config.dataset_checks import dataset_fingerprint
+from ..runtime.foreign_internals import dataset_fingerprint
 from .searches import RunSpec
 
 __all__ = ["config_doc", "describe", "experiment_fingerprint"]
