@@ -92,11 +92,8 @@ def _assert_same_flags(fast: Any, peft: Any) -> None:
     assert any(ours.values())
 
 
-def test_fast_activation_does_what_peft_set_adapter_does():
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    loras = [tiny_lora_config(r=4), tiny_lora_config(r=8, target_modules=("q_proj", "k_proj")),
-             tiny_lora_config(r=2, modules_to_save=["lm_head"])]
+def _two_groups_with(loras: list[Any]) -> list[Any]:
+    """Two identical model groups, each with an adapter per config in ``loras``."""
     groups = []
     for _ in range(2):
         group = ModelPool().group(build_model(build_tokenizer()), peft_config=loras[0],
@@ -104,6 +101,15 @@ def test_fast_activation_does_what_peft_set_adapter_does():
         for i, lora in enumerate(loras):
             group.add_adapter(adapter_name(i), lora, seed=i)
         groups.append(group)
+    return groups
+
+
+def test_fast_activation_does_what_peft_set_adapter_does():
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    loras = [tiny_lora_config(r=4), tiny_lora_config(r=8, target_modules=("q_proj", "k_proj")),
+             tiny_lora_config(r=2, modules_to_save=["lm_head"])]
+    groups = _two_groups_with(loras)
     fast, peft = groups
     for name in ["rf1", "rf0", "rf2", "rf1"]:
         fast.activate(name)
@@ -211,13 +217,7 @@ def test_with_an_unchecked_peft_switching_uses_set_adapter_and_ends_the_same(mon
 
     loras = [tiny_lora_config(r=4), tiny_lora_config(r=8, target_modules=("q_proj", "k_proj")),
              tiny_lora_config(r=2)]
-    groups = []
-    for _ in range(2):
-        group = ModelPool().group(build_model(build_tokenizer()), peft_config=loras[0],
-                                  model_init_kwargs=None)
-        for i, lora in enumerate(loras):
-            group.add_adapter(adapter_name(i), lora, seed=i)
-        groups.append(group)
+    groups = _two_groups_with(loras)
     fast, public = groups
     calls = []
     for name in ["rf0", "rf1", "rf2", "rf0", "rf2", "rf1"]:
