@@ -12,39 +12,27 @@ but does not train itself: it expands the knobs into runs, has the
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import threading
 import warnings
-from typing import Any, NoReturn
+from typing import Any
 
 from transformers import TrainerCallback
 from transformers.trainer_utils import TrainOutput
 
-from ..config.cadence import parse_cadence
 from ..config.configs import RFConfigError, RFConfigMixin
 from ..control.ops import OpRecord
-from ..control.policies import as_policy
-from ..engine import Engine, RunFailure, RunSlot, RunTrainer
+from ..engine import Engine, RunSlot, RunTrainer
 from ..reports.results import RunResult, pick_best
 from ..runtime.accelerate_state import left_as_found, restore_accelerate_state
-from ..runtime.cache import StateCache
-from ..runtime.models import ModelPool
-from ..runtime.worker_info import lease_seconds
-from ..runtime.workers import current_worker
-from ..search.fingerprint import experiment_fingerprint
-from ..search.searches import AdaptiveSearch, ExpandingSearch, GridSearch, Search
-from ..storage.checkpoints import DEFAULT_CADENCE
-from ..storage.layout import Layout
+from ..search.searches import GridSearch, Search
 from ..storage.names import UntrustedValue
 from ..storage.schedule import ChunkRecord
-from .run_builder import RunBuilder
+from .assembly import assemble, raise_failures
 from .run_trainer import copy_callback
-from .setup_checks import check_clone_overrides, check_model_candidates, check_specs, open_store
 from .subclassing import (
     FORWARDED,
     as_trl_on_runs,
-    check_overrides,
     forward_to_best_run,
     run_class_for,
 )
@@ -81,86 +69,19 @@ class RFTrainerMixin:
         **more_shared: Any,
     ) -> None:
         """``arguments``: the TRL trainer's arguments as given (see :func:`trainer_arguments`);
-        ``more_shared``: what every run's trainer gets besides."""
-        knob_args = {k: arguments[k] for k in self._rf_knob_arguments}
-        shared_args = {k: v for k, v in arguments.items() if k not in knob_args}
-        shared_args.update(more_shared)
-        policy = as_policy(policy)  # a bad policy fails before anything loads
-        if search is None:
-            search = GridSearch()
-        if not isinstance(search, (ExpandingSearch, AdaptiveSearch)):
-            raise TypeError(
-                f"`search` must be GridSearch(), RandomSearch(...) or OptunaSearch(...), got "
-                f"{search!r}."
-            )
+        ``more_shared``: what every run's trainer gets besides. The experiment's parts are
+        made and wired by :func:`~.assembly.assemble`; this object is their face."""
+        # Set first: the runs' trainers, built during the assembly, see their owner whole.
         self.args = args
-        self.search = search
-        adaptive = isinstance(search, AdaptiveSearch)
-        # An adaptive search's runs come from its study, which lives in the experiment's
-        # folder: it is opened once that folder is known to be this experiment's.
-        described = (search.describe(args, **knob_args)
-                     if isinstance(search, AdaptiveSearch) else None)
-        specs = search.expand(args, **knob_args) if isinstance(search, ExpandingSearch) else []
-        layout = Layout(args.output_dir)
-        self._rf_pool = ModelPool()
-        check_overrides(type(self))
-        builder = RunBuilder(trainer_class=run_class_for(type(self), self._rf_run_hooks),
-                             args=args, shared=shared_args, knob_args=knob_args,
-                             pool=self._rf_pool, owner=self,
-                             single=not adaptive and len(specs) == 1)
-        check_specs(specs, shared_args, builder, policy=policy)
-        check_clone_overrides(args, arguments.keys(), arguments)
-        check_model_candidates(knob_args.get("model"), args)
-        try:
-            lease = lease_seconds()
-        except ValueError as err:
-            raise RFConfigError(str(err)) from None
-        store = open_store(layout, experiment_fingerprint(specs, shared_args, described))
-        proposer = None
-        if isinstance(search, AdaptiveSearch):
-            specs, proposer = search.start(args, layout, **knob_args)
-            check_specs(specs, shared_args, builder, metric=search.metric, policy=policy)
-        tracker = None
-        if _tracks_to_mlflow(args):
-            from ..tracking.tags import check_uri_across_machines, resolve_tracking_uri
-            from ..tracking.tracker import Tracker
-
-            check_uri_across_machines(resolve_tracking_uri(), current_worker().machines)
-            tracker = Tracker(layout.output_dir)
-            print(  # noqa: T201 - the user needs this to open the dashboard
-                f"trl-rapidfire: tracking to {tracker.uri} (experiment "
-                f"{tracker.experiment_name!r}); dashboard: trl-rapidfire dashboard"
-            )
-        cache = StateCache(getattr(args, "cache_budget_bytes", 4 * 2**30), layout.cache)
-        self._rf_engine = Engine(layout.output_dir, cache, progress=not args.disable_tqdm,
-                                 lease_seconds=lease,
-                                 pool=self._rf_pool, store=store, runs=builder, policy=policy,
-                                 tracker=tracker, proposer=proposer,
-                                 checkpoint_every=parse_cadence(
-                                     getattr(args, "checkpoint_every", DEFAULT_CADENCE)))
+        self.search = GridSearch() if search is None else search
+        experiment = assemble(
+            args=args, search=self.search, arguments=arguments, policy=policy,
+            knob_names=self._rf_knob_arguments, more_shared=more_shared,
+            trainer_class=run_class_for(type(self), self._rf_run_hooks), owner=self,
+        )
+        self._rf_pool = experiment.pool
+        self._rf_engine = experiment.engine
         self._rf_best: str | None = None
-        for spec in specs:
-            try:
-                new = builder.build(spec)
-                if proposer is not None:
-                    new.tags.update(proposer.tags_of(spec.name))
-                self._rf_engine.register(new)
-            except RFConfigError:
-                raise  # the setup itself is wrong: say so before anything trains
-            except Exception as err:  # noqa: BLE001 - e.g. a user formatting function raised
-                self._rf_engine.add_failed_run(
-                    name=spec.name, index=spec.index, knobs=spec.knobs, error=err,
-                    run_dir=layout.run_dir(spec.name), group=None,
-                )
-        slots = list(self._rf_engine.slots.values())
-        if all(s.trainer is None for s in slots):
-            _raise_failures("No run could be set up", slots)
-        if len(slots) == 1:
-            # One config: what its TRL trainer changed in its config, a plain one changes in
-            # the user's (trainer.args reads as TRL's would).
-            run_args = slots[0].live_trainer().args
-            for name in builder.changed_in_place.get(slots[0].name, []):
-                setattr(args, name, copy.deepcopy(getattr(run_args, name)))
 
     # ------------------------------------------------------------------ control ops
 
@@ -290,7 +211,7 @@ class RFTrainerMixin:
         failures = engine.failures()
         best = self.best_run
         if best is None:
-            _raise_failures("Every run failed", list(engine.slots.values()), failures)
+            raise_failures("Every run failed", list(engine.slots.values()), failures)
         if failures:
             names = ", ".join(f"{n} ({e})" for n, e in failures.items())
             warnings.warn(f"{len(failures)} run(s) failed: {names}", RuntimeWarning, stacklevel=2)
@@ -401,31 +322,6 @@ class RFTrainerMixin:
 
 for _name in FORWARDED:
     setattr(RFTrainerMixin, _name, forward_to_best_run(_name))
-
-
-def _raise_failures(what: str, slots: list[RunSlot],
-                    errors: dict[str, str] | None = None) -> NoReturn:
-    """Raise why no run is left: one run's own exception when the experiment has one run (as
-    its TRL trainer would raise it), else a :class:`RunFailure` listing every run's."""
-    if len(slots) == 1 and slots[0].outcome.exception is not None:
-        exc = slots[0].outcome.exception
-        note = (f"trl-rapidfire: the experiment's one run, {slots[0].name}, raised this in its "
-                "training (its traceback above), as its TRL trainer alone would have.")
-        if note not in getattr(exc, "__notes__", ()):
-            exc.add_note(note)
-        raise exc
-    errors = errors or {s.name: s.failure for s in slots}
-    detail = "\n".join(f"  {name}: {err}" for name, err in errors.items())
-    raise RunFailure(f"{what}:\n{detail}",
-                     {s.name: s.outcome.exception for s in slots
-                      if s.outcome.exception is not None})
-
-
-def _tracks_to_mlflow(args: Any) -> bool:
-    report_to = args.report_to
-    if isinstance(report_to, str):
-        report_to = [report_to]
-    return bool(report_to) and ("mlflow" in report_to or "all" in report_to)
 
 
 def rf_config_from(args: Any, config_class: type[RFConfigMixin],

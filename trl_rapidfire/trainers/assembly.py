@@ -1,0 +1,160 @@
+"""The composition root: an experiment's parts made and wired, from what the user gave an
+``RF*Trainer``.
+
+The knobs expand into runs (or an adaptive search opens its study), every check that can be
+made before a model loads is made, the experiment's folder is opened (continued, refused, or
+moved aside), each run is built on the model pool and registered with the
+:class:`~trl_rapidfire.engine.Engine`, with the shared state, the state cache and the tracker it
+needs. The ``RF*Trainer`` (:mod:`.base`) is the face the user holds; this is where its parts
+come from.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from ..config.cadence import parse_cadence
+from ..config.configs import RFConfigError
+from ..control.policies import Policy, as_policy
+from ..engine import Engine, RunFailure, RunSlot
+from ..runtime.cache import StateCache
+from ..runtime.models import ModelPool
+from ..runtime.worker_info import lease_seconds
+from ..runtime.workers import current_worker
+from ..search.fingerprint import experiment_fingerprint
+from ..search.searches import AdaptiveSearch, ExpandingSearch, GridSearch, Search
+from ..storage.checkpoints import DEFAULT_CADENCE
+from ..storage.layout import Layout
+from .run_builder import RunBuilder
+from .setup_checks import check_clone_overrides, check_model_candidates, check_specs, open_store
+from .subclassing import check_overrides
+
+__all__ = ["Experiment", "assemble", "raise_failures"]
+
+
+@dataclass
+class Experiment:
+    """An experiment's parts, made and wired (what the ``RF*Trainer`` holds)."""
+
+    engine: Engine
+    pool: ModelPool
+
+
+def assemble(
+    *, args: Any, search: Search | None, arguments: dict[str, Any], policy: Policy | Any,
+    knob_names: Collection[str], more_shared: dict[str, Any], trainer_class: type,
+    owner: Any,
+) -> Experiment:
+    """Make the experiment's parts.
+
+    ``args``: the RF config; ``search``: the user's (default :class:`GridSearch`);
+    ``arguments``: the TRL trainer's arguments as given; ``knob_names``: those of them that may
+    be knobs (the rest is shared by every run, with ``more_shared``); ``trainer_class``: the
+    class each run's trainer is (the user's subclass, made a run trainer); ``owner``: the face
+    the runs' trainers refer to. Raises :class:`RFConfigError` (or ``TypeError`` for a wrong
+    ``search``) before anything trains; :class:`RunFailure` when no run could be set up.
+    """
+    knob_args = {k: arguments[k] for k in knob_names}
+    shared_args = {k: v for k, v in arguments.items() if k not in knob_args}
+    shared_args.update(more_shared)
+    policy = as_policy(policy)  # a bad policy fails before anything loads
+    if search is None:
+        search = GridSearch()
+    if not isinstance(search, (ExpandingSearch, AdaptiveSearch)):
+        raise TypeError(
+            f"`search` must be GridSearch(), RandomSearch(...) or OptunaSearch(...), got "
+            f"{search!r}."
+        )
+    adaptive = isinstance(search, AdaptiveSearch)
+    # An adaptive search's runs come from its study, which lives in the experiment's
+    # folder: it is opened once that folder is known to be this experiment's.
+    described = (search.describe(args, **knob_args)
+                 if isinstance(search, AdaptiveSearch) else None)
+    specs = search.expand(args, **knob_args) if isinstance(search, ExpandingSearch) else []
+    layout = Layout(args.output_dir)
+    pool = ModelPool()
+    check_overrides(type(owner))
+    builder = RunBuilder(trainer_class=trainer_class,
+                         args=args, shared=shared_args, knob_args=knob_args,
+                         pool=pool, owner=owner,
+                         single=not adaptive and len(specs) == 1)
+    check_specs(specs, shared_args, builder, policy=policy)
+    check_clone_overrides(args, arguments.keys(), arguments)
+    check_model_candidates(knob_args.get("model"), args)
+    try:
+        lease = lease_seconds()
+    except ValueError as err:
+        raise RFConfigError(str(err)) from None
+    store = open_store(layout, experiment_fingerprint(specs, shared_args, described))
+    proposer = None
+    if isinstance(search, AdaptiveSearch):
+        specs, proposer = search.start(args, layout, **knob_args)
+        check_specs(specs, shared_args, builder, metric=search.metric, policy=policy)
+    tracker = None
+    if _tracks_to_mlflow(args):
+        from ..tracking.tags import check_uri_across_machines, resolve_tracking_uri
+        from ..tracking.tracker import Tracker
+
+        check_uri_across_machines(resolve_tracking_uri(), current_worker().machines)
+        tracker = Tracker(layout.output_dir)
+        print(  # noqa: T201 - the user needs this to open the dashboard
+            f"trl-rapidfire: tracking to {tracker.uri} (experiment "
+            f"{tracker.experiment_name!r}); dashboard: trl-rapidfire dashboard"
+        )
+    cache = StateCache(getattr(args, "cache_budget_bytes", 4 * 2**30), layout.cache)
+    engine = Engine(layout.output_dir, cache, progress=not args.disable_tqdm,
+                    lease_seconds=lease, pool=pool, store=store, runs=builder,
+                    policy=policy, tracker=tracker, proposer=proposer,
+                    checkpoint_every=parse_cadence(
+                        getattr(args, "checkpoint_every", DEFAULT_CADENCE)))
+    for spec in specs:
+        try:
+            new = builder.build(spec)
+            if proposer is not None:
+                new.tags.update(proposer.tags_of(spec.name))
+            engine.register(new)
+        except RFConfigError:
+            raise  # the setup itself is wrong: say so before anything trains
+        except Exception as err:  # noqa: BLE001 - e.g. a user formatting function raised
+            engine.add_failed_run(
+                name=spec.name, index=spec.index, knobs=spec.knobs, error=err,
+                run_dir=layout.run_dir(spec.name), group=None,
+            )
+    slots = list(engine.slots.values())
+    if all(s.trainer is None for s in slots):
+        raise_failures("No run could be set up", slots)
+    if len(slots) == 1:
+        # One config: what its TRL trainer changed in its config, a plain one changes in
+        # the user's (trainer.args reads as TRL's would).
+        run_args = slots[0].live_trainer().args
+        for name in builder.changed_in_place.get(slots[0].name, []):
+            setattr(args, name, copy.deepcopy(getattr(run_args, name)))
+    return Experiment(engine=engine, pool=pool)
+
+
+def raise_failures(what: str, slots: list[RunSlot],
+                   errors: dict[str, str] | None = None) -> NoReturn:
+    """Raise why no run is left: one run's own exception when the experiment has one run (as
+    its TRL trainer would raise it), else a :class:`RunFailure` listing every run's."""
+    if len(slots) == 1 and slots[0].outcome.exception is not None:
+        exc = slots[0].outcome.exception
+        note = (f"trl-rapidfire: the experiment's one run, {slots[0].name}, raised this in its "
+                "training (its traceback above), as its TRL trainer alone would have.")
+        if note not in getattr(exc, "__notes__", ()):
+            exc.add_note(note)
+        raise exc
+    errors = errors or {s.name: s.failure for s in slots}
+    detail = "\n".join(f"  {name}: {err}" for name, err in errors.items())
+    raise RunFailure(f"{what}:\n{detail}",
+                     {s.name: s.outcome.exception for s in slots
+                      if s.outcome.exception is not None})
+
+
+def _tracks_to_mlflow(args: Any) -> bool:
+    report_to = args.report_to
+    if isinstance(report_to, str):
+        report_to = [report_to]
+    return bool(report_to) and ("mlflow" in report_to or "all" in report_to)
