@@ -17,9 +17,6 @@ import contextlib
 import copy
 import dataclasses
 import enum
-import functools
-import types
-import typing
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +28,15 @@ from ..runtime.accelerate_state import preserved_accelerate_state
 from ..runtime.workers import detach_from_launch
 from .cadence import parse_cadence
 from .errors import RFConfigError
-from .fields import CHUNK, EXPERIMENT_WIDE, RF_ONLY
+from .fields import (
+    CHUNK,
+    EXPERIMENT_WIDE,
+    RF_ONLY,
+    admits,
+    field_types,
+    numeric_field,
+    type_members,
+)
 from .fsdp import gang_config, is_gang_config, normalize_fsdp_config, validating_world
 from .knobs import Knob, List, Range, is_knob, knob_from_json
 from .preflight import PreflightError, check_field_values, scalar_kind
@@ -54,43 +59,6 @@ __all__ = [
 ]
 
 
-
-# --------------------------------------------------------------------------------------------
-# Field types
-# --------------------------------------------------------------------------------------------
-
-
-@functools.cache
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _type_members(tp: Any) -> tuple[Any, ...]:
-    """The members of a union annotation (``X | None``, ``Union[X, Y]``), else ``(tp,)``."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return typing.get_args(tp)
-    return (tp,)
-
-
-def _admits(tp: Any, kinds: tuple[type, ...]) -> bool:
-    """Whether a field annotated ``tp`` may legitimately hold a value of one of ``kinds``."""
-    for member in _type_members(tp):
-        if member is typing.Any:
-            return True
-        origin = typing.get_origin(member) or member
-        if isinstance(origin, type) and issubclass(origin, kinds):
-            return True
-    return False
-
-
-def _numeric(tp: Any) -> bool:
-    """Whether a Range may set a field annotated ``tp`` (numbers, but not flags: bool is an int)."""
-    return any(
-        isinstance(m, type) and issubclass(m, (int, float)) and m is not bool
-        for m in _type_members(tp)
-    ) or typing.Any in _type_members(tp)
-
-
 # --------------------------------------------------------------------------------------------
 # The RF config mixin
 # --------------------------------------------------------------------------------------------
@@ -104,7 +72,7 @@ def _strategy_field(parent: type[DataclassInstance], name: str) -> Any:
     """
     original = parent.__dataclass_fields__[name]
     enum_type = next(
-        m for m in _type_members(_field_types(parent)[name]) if isinstance(m, type) and m is not str
+        m for m in type_members(field_types(parent)[name]) if isinstance(m, type) and m is not str
     )
     assert issubclass(enum_type, enum.Enum)  # transformers' IntervalStrategy / SaveStrategy
     choices = [e.value for e in enum_type] + [CHUNK]
@@ -253,7 +221,7 @@ class RFConfigMixin:
         # Typed `type`: mypy finds type[RFConfigMixin] unhashable, a class being hashable
         # (python/mypy#11470).
         owner: type = type(self)
-        types = _field_types(owner)
+        types = field_types(owner)
         knobs: dict[str, Knob] = {}
         for name, value in raw.items():
             tp = types.get(name, Any)
@@ -269,14 +237,14 @@ class RFConfigMixin:
                         f"`{name}` describes the whole experiment and cannot be a knob; "
                         "give one value."
                     )
-                if isinstance(value, Range) and not _numeric(tp):
+                if isinstance(value, Range) and not numeric_field(tp):
                     raise RFConfigError(
                         f"`{name}` is not numeric ({tp}); a Range cannot set it. Use List([...])."
                     )
                 if isinstance(value, Range) and scalar_kind(tp) in ("int", "int_or_str"):
                     value = value.for_integer_field(name)  # raw keeps what the user wrote
                 knobs[name] = value
-            elif isinstance(value, (list, tuple)) and not _admits(tp, (list, tuple)):
+            elif isinstance(value, (list, tuple)) and not admits(tp, (list, tuple)):
                 shown = ", ".join(str(v) for v in value)
                 raise RFConfigError(
                     f"`{name}` takes a single value, got the plain list {value!r}. To compare "

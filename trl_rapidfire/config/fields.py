@@ -11,8 +11,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import types
+import typing
+from typing import Any
 
-__all__ = ["CHUNK", "CLONE_KEEPS", "EXPERIMENT_WIDE", "RF_ONLY", "allowed_values"]
+__all__ = ["CHUNK", "CLONE_KEEPS", "EXPERIMENT_WIDE", "RF_ONLY", "admits", "allowed_values",
+           "field_types", "numeric_field", "type_members"]
 
 CHUNK = "chunk"
 """The trl-rapidfire value of ``eval_strategy``/``save_strategy``: act at every chunk end."""
@@ -59,3 +63,35 @@ def allowed_values(config_class: type, field_name: str) -> frozenset[str] | None
     if len(names) < 2 or (isinstance(default, str) and default not in names):
         return None
     return frozenset(names)
+
+
+@functools.cache
+def field_types(cls: type) -> dict[str, Any]:
+    """The type annotations of ``cls``'s fields, resolved (read once per class)."""
+    return typing.get_type_hints(cls)
+
+
+def type_members(tp: Any) -> tuple[Any, ...]:
+    """The members of a union annotation (``X | None``, ``Union[X, Y]``), else ``(tp,)``."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return typing.get_args(tp)
+    return (tp,)
+
+
+def admits(tp: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether a field annotated ``tp`` may legitimately hold a value of one of ``kinds``."""
+    for member in type_members(tp):
+        if member is typing.Any:
+            return True
+        origin = typing.get_origin(member) or member
+        if isinstance(origin, type) and issubclass(origin, kinds):
+            return True
+    return False
+
+
+def numeric_field(tp: Any) -> bool:
+    """Whether a Range may set a field annotated ``tp`` (numbers, but not flags: bool is an int)."""
+    return any(
+        isinstance(m, type) and issubclass(m, (int, float)) and m is not bool
+        for m in type_members(tp)
+    ) or typing.Any in type_members(tp)

@@ -370,9 +370,7 @@ class Engine:
         """Train the claimed chunk: switch the run in, resume it until its next boundary (or
         its end), switch it out, and record the chunk (or release or fail it)."""
         slot, chunk_number, shared = claim.slot, claim.chunk, self._shared
-        if slot.state.chunks_done > slot.turn.local_chunks or (
-            slot.state.chunks_done and slot.turn.coroutine is None and slot.turn.resume_from is None
-        ):
+        if slot.continues_from_disk():
             try:
                 self._turns.continue_from_disk(slot)
             except Exception as exc:  # noqa: BLE001 - this run fails, the others go on

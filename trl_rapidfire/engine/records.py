@@ -247,6 +247,14 @@ class RunSlot:
         return {k: v if isinstance(v, (str, int, float, bool, type(None))) else describe_value(v)
                 for k, v in self.knobs.items()}
 
+    def continues_from_disk(self) -> bool:
+        """Whether the run's next chunk starts from its files: the shared state has chunks
+        done that this worker's live ``train()`` did not do (another worker, an earlier
+        process), or this worker holds no ``train()`` of a run that has chunks done."""
+        done, turn = self.state.chunks_done, self.turn
+        return done > turn.local_chunks or bool(
+            done and turn.coroutine is None and turn.resume_from is None)
+
     def latest_trainer_state(self) -> Any:
         """The run's trainer state that is further along: its live trainer's, or the one
         last written to disk by whoever trained it (another worker, an earlier process) when
