@@ -114,7 +114,7 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 
 def test_the_lease_comes_from_the_environment(monkeypatch):
-    from trl_rapidfire.runtime.worker_info import LEASE_VARIABLE, lease_seconds
+    from trl_rapidfire.shared_state.worker_info import LEASE_VARIABLE, lease_seconds
 
     monkeypatch.delenv(LEASE_VARIABLE, raising=False)
     assert lease_seconds() == 120.0

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..runtime.worker_info import process_alive
 from ..shared_state.runs import RunState
+from ..shared_state.worker_info import process_alive
 from ..storage.layout import Layout, run_order
 from ..storage.names import UntrustedValue
 from ..storage.outside_text import OP_TEXT_BYTES, loads

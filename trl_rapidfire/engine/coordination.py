@@ -18,7 +18,6 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..runtime.worker_info import WorkerInfo
 from ..shared_state.run_queue import RunQueue
 from ..shared_state.runs import RunState, RunStatus
 from ..shared_state.store import (
@@ -35,6 +34,7 @@ from ..shared_state.store import (
     renew,
     roll_back,
 )
+from ..shared_state.worker_info import WorkerInfo
 from ..storage.faults import checkpoint_fault
 from ..storage.schedule import ChunkRecord, ScheduleAppender, read_schedule_csv, write_schedule_csv
 from .catch_up import catch_up_from_disk

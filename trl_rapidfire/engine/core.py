@@ -25,11 +25,11 @@ from ..reports.results import RunResult
 from ..runtime.cache import StateCache
 from ..runtime.models import ModelGroup, ModelPool
 from ..runtime.switch import RunCoroutine
-from ..runtime.worker_info import WorkerInfo
 from ..runtime.workers import current_worker
 from ..shared_state.runs import RunStatus
 from ..shared_state.state_file import FileStore
 from ..shared_state.store import StateStore, is_proposal
+from ..shared_state.worker_info import WorkerInfo
 from ..storage.checkpoints import DEFAULT_CADENCE, CheckpointCadence
 from ..storage.faults import ExperimentFault, disk_fault, fault_message
 from ..storage.layout import Layout

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from ..runtime.worker_info import launcher_gone
+from ..runtime.workers import launcher_gone
 from ..shared_state.store import StateStore, renew
 
 __all__ = ["Interruptible", "LeaseKeeper", "WallClock", "install_sigint", "orphaned"]

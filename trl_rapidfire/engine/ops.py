@@ -24,9 +24,9 @@ from ..control.ops import (
 )
 from ..control.policies import Context, Policy
 from ..runtime.cache import save_tree
-from ..runtime.worker_info import WorkerInfo
 from ..shared_state.runs import RunState, RunStatus, status_op_refusal
 from ..shared_state.store import StateStore, disband_forming_gang
+from ..shared_state.worker_info import WorkerInfo
 from ..storage.faults import ExperimentFault, disk_fault
 from ..storage.layout import Layout, run_index, run_name
 from .building import register_failed

@@ -11,8 +11,8 @@ batch by the world size.
 is built (from the RF config's ``__post_init__``): it records the launch in
 ``TRL_RAPIDFIRE_WORKER`` and removes the launcher's variables, so every trainer of this
 process sees a world of one; on CUDA it pins the process to its own GPU. The record
-(:mod:`.worker_info`) lives in the environment (not a module global) so it survives re-imports
-and is what child processes would see too.
+(:mod:`trl_rapidfire.shared_state.worker_info`) lives in the environment (not a module global)
+so it survives re-imports and is what child processes would see too.
 """
 
 from __future__ import annotations
@@ -23,9 +23,14 @@ import socket
 import uuid
 from collections.abc import Iterator
 
-from .worker_info import PARENT_RECORD_VARIABLE, WorkerInfo, recorded_worker, write_record
+from ..shared_state.worker_info import (
+    PARENT_RECORD_VARIABLE,
+    WorkerInfo,
+    recorded_worker,
+    write_record,
+)
 
-__all__ = ["current_worker", "detach_from_launch", "in_launch_world"]
+__all__ = ["current_worker", "detach_from_launch", "in_launch_world", "launcher_gone"]
 
 # The key under which the first worker publishes the launch's identity in the rendezvous
 # store (one per restart of the worker group: a restart is a new launch).
@@ -112,3 +117,13 @@ def in_launch_world() -> Iterator[WorkerInfo]:
 
     with launch_world():
         yield info
+
+
+def launcher_gone() -> int | None:
+    """The pid of this worker's launcher if the launcher is gone (killed alone, its workers
+    orphaned and adopted by init or a subreaper), else ``None`` (alive, or not launched)."""
+    record = os.environ.get(PARENT_RECORD_VARIABLE, "")
+    pid, _, parent = record.partition(":")
+    if not parent or pid != str(os.getpid()):
+        return None
+    return int(parent) if os.getppid() != int(parent) else None

@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..runtime.worker_info import process_alive
 from .runs import RunState, RunStatus
 from .scheduler import pick_next
 from .state_schema import BadState, check_document, is_proposal
+from .worker_info import process_alive
 
 __all__ = [
     "StateStore",

@@ -22,10 +22,10 @@ from ..control.policies import Policy, as_policy
 from ..engine import Engine, RunFailure, RunSlot
 from ..runtime.cache import StateCache
 from ..runtime.models import ModelPool
-from ..runtime.worker_info import lease_seconds
 from ..runtime.workers import current_worker
 from ..search.fingerprint import experiment_fingerprint
 from ..search.searches import AdaptiveSearch, ExpandingSearch, GridSearch, Search
+from ..shared_state.worker_info import lease_seconds
 from ..storage.checkpoints import DEFAULT_CADENCE
 from ..storage.layout import Layout
 from .run_builder import RunBuilder

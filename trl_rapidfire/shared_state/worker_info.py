@@ -1,9 +1,10 @@
-"""Who a worker is, whether another worker is alive, and how long a claim lives.
+"""Workers as the shared state knows them: who a worker is (its id in claims), whether the
+worker named in a claim is still alive, and how long a claim lives without renewal.
 
 A worker's record (:class:`WorkerInfo`) is written into this process's environment when it
 leaves the launch (:mod:`trl_rapidfire.runtime.workers`, which needs torch for the launch's
-rendezvous). What is here reads records and processes only, so the shared state and the
-command line can ask whether a claim's worker still lives without loading torch.
+rendezvous). What is here reads records and processes only: the shared state and the command
+line ask whether a claim's worker still lives without loading torch.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "LEASE_VARIABLE",
     "WorkerInfo",
-    "launcher_gone",
     "lease_seconds",
     "process_alive",
     "recorded_worker",
@@ -90,16 +90,6 @@ def write_record(info: WorkerInfo) -> None:
     this package find it)."""
     os.environ[RECORD_VARIABLE] = (f"{info.rank},{info.local_rank},{info.world_size},"
                                    f"{os.getpid()},{info.token},{info.launch},{info.machines}")
-
-
-def launcher_gone() -> int | None:
-    """The pid of this worker's launcher if the launcher is gone (killed alone, its workers
-    orphaned and adopted by init or a subreaper), else ``None`` (alive, or not launched)."""
-    record = os.environ.get(PARENT_RECORD_VARIABLE, "")
-    pid, _, parent = record.partition(":")
-    if not parent or pid != str(os.getpid()):
-        return None
-    return int(parent) if os.getppid() != int(parent) else None
 
 
 def process_alive(worker_id: str) -> bool | None:
