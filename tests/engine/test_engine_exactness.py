@@ -7,11 +7,13 @@ tensors and logs, never "the loss went down".
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from peft import LoraConfig
 from safetensors.torch import load_file
 from transformers import LlamaForCausalLM, TrainerCallback
 from trl import SFTConfig, SFTTrainer
@@ -489,6 +491,33 @@ def test_configs_built_between_chunks_do_not_disturb_live_runs(model_path, tmp_p
         ref = _reference(model_path, tmp_path / f"ref{i}",
                          dict(common, gradient_accumulation_steps=ga), data,
                          peft_config=tiny_lora_config(r=4))
+        _assert_same_weights(tmp_path / "rf" / "runs" / f"run-{i}" / "final",
+                             tmp_path / f"ref{i}" / "final")
+        assert _logs(rf.run_trainer(f"run-{i}")) == _logs(ref)
+
+
+def test_knobs_inside_a_lora_config_equal_plain_sft_with_the_concrete_config(model_path,
+                                                                            tmp_path):
+    """LoraConfig(r=List(...), target_modules=List(...)): each run's adapter is bitwise the one
+    plain TRL trains with that LoraConfig written out."""
+    data = make_sft_dataset(32, seed=11)
+    common = dict(BASE, num_train_epochs=1, learning_rate=2e-3)
+    targets = [["q_proj", "v_proj"], ["q_proj", "k_proj", "v_proj", "o_proj"]]
+    lora_rest = dict(lora_alpha=8, lora_dropout=0.0, task_type="CAUSAL_LM")
+    rf = RFSFTTrainer(
+        model=model_path,
+        args=RFSFTConfig(output_dir=str(tmp_path / "rf"), num_chunks=2, **common),
+        train_dataset=data,
+        peft_config=LoraConfig(r=List([2, 4]), target_modules=List(targets), **lora_rest),
+    )
+    rf.train()
+    runs = {r.name: r for r in rf.runs}
+    assert len(runs) == 4 and all(r.status == RunStatus.COMPLETED for r in runs.values())
+    for i, (r, target) in enumerate(itertools.product([2, 4], targets)):
+        assert runs[f"run-{i}"].knobs == {"peft_config.r": r,
+                                          "peft_config.target_modules": target}
+        ref = _reference(model_path, tmp_path / f"ref{i}", common, data,
+                         peft_config=LoraConfig(r=r, target_modules=target, **lora_rest))
         _assert_same_weights(tmp_path / "rf" / "runs" / f"run-{i}" / "final",
                              tmp_path / f"ref{i}" / "final")
         assert _logs(rf.run_trainer(f"run-{i}")) == _logs(ref)

@@ -499,3 +499,40 @@ def test_two_workers_under_accelerate_launch_share_one_study(tmp_path):
         evals = [e for e in state["log_history"] if "eval_loss" in e]
         assert trial.value == evals[-1]["eval_loss"]
         assert trial.intermediate_values == {e["step"]: e["eval_loss"] for e in evals}
+
+
+def test_knobs_inside_a_lora_config_are_optuna_parameters_and_each_run_is_plain_trl(tmp_path):
+    from peft import LoraConfig
+
+    lora_rest = dict(lora_alpha=8, lora_dropout=0.0, task_type="CAUSAL_LM",
+                     target_modules=["q_proj", "v_proj"])
+    base = {k: v for k, v in BASE.items() if k not in ("eval_strategy",
+                                                          "per_device_eval_batch_size")}
+    rf = RFSFTTrainer(
+        model=tiny_model_path(),
+        args=RFSFTConfig(output_dir=str(tmp_path / "rf"), learning_rate=1e-3, **base),
+        train_dataset=make_sft_dataset(16, seed=1),
+        peft_config=LoraConfig(r=Range(2, 6), **lora_rest),
+        search=OptunaSearch(num_runs=2, metric="train_loss", seed=0),
+    )
+    rf.train()
+    trials = _study(tmp_path / "rf").get_trials()
+    assert len(trials) == 2
+    for trial in trials:
+        run = trial.user_attrs["run"]
+        r = trial.params["peft_config.r"]  # an integer parameter: r is an int field
+        assert type(r) is int and 2 <= r <= 6
+        result = next(x for x in rf.runs if x.name == run)
+        assert result.knobs == {"peft_config.r": r}
+        ref = SFTTrainer(model=tiny_model_path(),
+                         args=SFTConfig(output_dir=str(tmp_path / f"ref-{run}"), learning_rate=1e-3,
+                                        **{k: v for k, v in base.items() if k != "num_chunks"}),
+                         train_dataset=make_sft_dataset(16, seed=1),
+                         peft_config=LoraConfig(r=r, **lora_rest))
+        ref.train()
+        ref.save_model(str(tmp_path / f"ref-{run}" / "final"))
+        for name in ("adapter_model.safetensors",):
+            mine = load_file(tmp_path / "rf" / "runs" / run / "final" / name)
+            theirs = load_file(tmp_path / f"ref-{run}" / "final" / name)
+            assert mine.keys() == theirs.keys()
+            assert all(torch.equal(mine[k], theirs[k]) for k in mine)

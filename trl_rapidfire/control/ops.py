@@ -228,7 +228,7 @@ def resolve_overrides(
             raise OpError(f"unknown knob {name!r}: overridable are the config fields and "
                           f"the trainer arguments {known}")
         if isinstance(value, dict) and set(value) == {"candidate"}:
-            spec = knob_specs.get(name)
+            spec = knob_specs.get(key, knob_specs.get(name))
             if not isinstance(spec, List):
                 raise OpError(f"{name!r} was not a List knob, so it has no candidates to pick")
             index = value["candidate"]
@@ -265,7 +265,12 @@ def resolve_overrides(
                 base = dataclasses.replace(copy.deepcopy(base), **{attr: value})
             except Exception as err:  # noqa: BLE001 - reported as the op's result
                 raise OpError(f"{key!r}: {type(err).__name__}: {err}") from None
-            out[name] = base
+            if key in parent_knobs:
+                # A knob of its own (a knob inside the config object, see
+                # search/object_knobs.py): the run's object is made from it when it is built.
+                out[key] = value
+            else:
+                out[name] = base
             continue
         if is_knob(value):
             raise OpError(f"{key!r}: give one value, not a knob")

@@ -26,6 +26,7 @@ from ..config.configs import RFConfigError, RFConfigMixin
 from ..config.knobs import Knob, KnobError, List, Range, describe_value, is_knob, same_value
 from ..config.preflight import PreflightError, check_run
 from ..runtime.accelerate_state import preserved_accelerate_state
+from .object_knobs import build_objects, inner_knobs
 
 __all__ = ["AdaptiveSearch", "Axis", "GridSearch", "RandomSearch", "RunSpec",
            "Search", "SearchError"]
@@ -149,10 +150,17 @@ class Search:
                     f"`{name}`={value!r}: a Range draws numbers, and `{name}` is a trainer "
                     f"argument, not a number. Give its candidates: {name}=List([...])."
                 )
-            for candidate in (value.values if isinstance(value, List) else (value,)):
+            for candidate in (value.values if isinstance(value, List) else ()):
                 _check_no_nested_knob(name, candidate)
         all_knobs: dict[str, Knob] = dict(config_knobs)
-        all_knobs.update({k: v for k, v in trainer_level.items() if is_knob(v)})
+        for name, value in trainer_level.items():
+            if is_knob(value):
+                all_knobs[name] = value
+                continue
+            try:  # knobs inside a config object: LoraConfig(r=List([8, 16]))
+                all_knobs.update(inner_knobs(name, value))
+            except KnobError as err:
+                raise SearchError(str(err)) from None
         return all_knobs, self._axes(all_knobs)
 
     def _axes(self, knobs: Mapping[str, Knob]) -> list[Axis]:
@@ -201,11 +209,20 @@ class Search:
         ``trainer_level``: the trainer arguments (chosen ones replace them); every other knob
         is a config field, set on a concrete copy of ``rf_config``. Raises
         :class:`SearchError` naming the run, its values and the field at fault."""
-        trainer_kwargs = {k: knobs.get(k, v) for k, v in trainer_level.items()}
-        config_choices = {k: v for k, v in knobs.items() if k not in trainer_level}
         desc = ", ".join(f"{k}={describe_value(v)}" for k, v in knobs.items())
         where = f"{name} ({desc})" if desc else name
         try:
+            # A config object's fields chosen by dotted knobs (peft_config.r): the object is
+            # made by its own class from the argument as given, with the run's values in.
+            objects = build_objects(knobs, trainer_level)
+            trainer_kwargs = {k: objects.get(k, knobs.get(k, v))
+                              for k, v in trainer_level.items()}
+            config_choices = {k: v for k, v in knobs.items() if k not in trainer_level
+                              and k.partition(".")[0] not in objects}
+            left = next((k for k, v in trainer_kwargs.items() if inner_knobs(k, v)), None)
+            if left is not None:
+                raise KnobError(f"`{left}` still holds knobs: no value was chosen for "
+                                f"{sorted(inner_knobs(left, trainer_kwargs[left]))}")
             if isinstance(rf_config, RFConfigMixin):
                 config = rf_config.concrete_config(config_choices)
             elif config_choices:
@@ -358,8 +375,8 @@ class AdaptiveSearch(Search, abc.ABC):
 
 
 def _check_no_nested_knob(name: str, value: Any) -> None:
-    """A knob inside a config object (``LoraConfig(r=List([8, 16]))``) would reach PEFT as a
-    ``List`` and silently make one run: say how to write it instead."""
+    """A knob inside a config object that is a candidate of a List (``List([LoraConfig(r=List(
+    [8, 16]))])``) would reach PEFT as a ``List``: say how to write it instead."""
     if not dataclasses.is_dataclass(value) or isinstance(value, type):
         return
     for f in dataclasses.fields(value):
@@ -367,7 +384,8 @@ def _check_no_nested_knob(name: str, value: Any) -> None:
         if is_knob(inner):
             kind = type(value).__name__
             raise SearchError(
-                f"{name}: {kind}({f.name}={inner!r}) has a knob inside it; a knob must be a whole "
-                f"argument. Write {name}=List([{kind}({f.name}=...), {kind}({f.name}=...)]), one "
-                "object per candidate."
+                f"{name}: {kind}({f.name}={inner!r}) has a knob inside it, and is itself a "
+                f"candidate of a List. Put the knobs in one {kind} ({name}={kind}("
+                f"{f.name}=List([...]))), or list concrete objects ({name}=List([{kind}("
+                f"{f.name}=...), {kind}({f.name}=...)]))."
             )
