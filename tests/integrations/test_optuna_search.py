@@ -74,6 +74,14 @@ def _study(out):
     return optuna.load_study(study_name="trl-rapidfire", storage=storage)
 
 
+def _assert_same_adapter(ours_dir: Path, theirs_dir: Path, what: str) -> None:
+    """The two folders' adapters hold the same tensors, bitwise."""
+    ours = load_file(Path(ours_dir) / "adapter_model.safetensors")
+    theirs = load_file(Path(theirs_dir) / "adapter_model.safetensors")
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours), what
+
+
 def _in_flight_at_most(schedule_csv: Path) -> int:
     """The most runs started and not yet finished at any point of the schedule."""
     rows = list(csv.DictReader(open(schedule_csv, newline="", encoding="utf-8")))
@@ -127,10 +135,8 @@ def test_tpe_proposes_k_at_a_time_each_told_once_and_each_run_is_plain_trl_bitwi
                            peft_config=tiny_lora_config(r=4))
         alone.train()
         alone.save_model(str(tmp_path / "plain" / run.name / "final"))
-        ours = load_file(out / "runs" / run.name / "final" / "adapter_model.safetensors")
-        theirs = load_file(tmp_path / "plain" / run.name / "final" / "adapter_model.safetensors")
-        assert ours.keys() == theirs.keys()
-        assert all(torch.equal(ours[k], theirs[k]) for k in ours), run.name
+        _assert_same_adapter(out / "runs" / run.name / "final",
+                             tmp_path / "plain" / run.name / "final", run.name)
 
     # The same script again on a fresh folder proposes the same configs, in the same order.
     again = tmp_path / "again"
@@ -531,8 +537,5 @@ def test_knobs_inside_a_lora_config_are_optuna_parameters_and_each_run_is_plain_
                          peft_config=LoraConfig(r=r, **lora_rest))
         ref.train()
         ref.save_model(str(tmp_path / f"ref-{run}" / "final"))
-        for name in ("adapter_model.safetensors",):
-            mine = load_file(tmp_path / "rf" / "runs" / run / "final" / name)
-            theirs = load_file(tmp_path / f"ref-{run}" / "final" / name)
-            assert mine.keys() == theirs.keys()
-            assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+        _assert_same_adapter(tmp_path / "rf" / "runs" / run / "final",
+                             tmp_path / f"ref-{run}" / "final", run)

@@ -20,7 +20,7 @@ from ..config.fields import field_types
 from ..config.knobs import Knob, KnobError, Range
 from ..config.preflight import scalar_kind
 
-__all__ = ["build_objects", "inner_knobs", "is_config_object", "with_fields"]
+__all__ = ["build_objects", "inner_knobs", "is_config_object", "knob_fields", "with_fields"]
 
 
 def is_config_object(value: Any) -> bool:
@@ -29,17 +29,20 @@ def is_config_object(value: Any) -> bool:
     return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
+def knob_fields(value: Any) -> dict[str, Knob]:
+    """The fields of the config object ``value`` that hold a knob, in field order (``{}`` for
+    anything else)."""
+    if not is_config_object(value):
+        return {}
+    return {f.name: inner for f in dataclasses.fields(value)
+            if isinstance(inner := getattr(value, f.name, None), Knob)}
+
+
 def inner_knobs(name: str, value: Any) -> dict[str, Knob]:
     """The knobs inside ``value`` (the trainer argument ``name``), by dotted name, in field
     order; ``{}`` when it holds none. A ``Range`` on an integer field (``r``, ``lora_alpha``)
     draws integers; a ``Range`` on a field that is not a number is an error."""
-    if not is_config_object(value):
-        return {}
-    found: dict[str, Knob] = {}
-    for f in dataclasses.fields(value):
-        inner = getattr(value, f.name, None)
-        if isinstance(inner, Knob):
-            found[f.name] = inner
+    found = knob_fields(value)
     if not found:
         return {}
     owner: type = type(value)  # typed `type`: see configs._collect_knobs (python/mypy#11470)

@@ -26,7 +26,7 @@ from ..config.configs import RFConfigError, RFConfigMixin
 from ..config.knobs import Knob, KnobError, List, Range, describe_value, is_knob, same_value
 from ..config.preflight import PreflightError, check_run
 from ..runtime.accelerate_state import preserved_accelerate_state
-from .object_knobs import build_objects, inner_knobs
+from .object_knobs import build_objects, inner_knobs, knob_fields
 
 __all__ = ["AdaptiveSearch", "Axis", "GridSearch", "RandomSearch", "RunSpec",
            "Search", "SearchError"]
@@ -219,10 +219,10 @@ class Search:
                               for k, v in trainer_level.items()}
             config_choices = {k: v for k, v in knobs.items() if k not in trainer_level
                               and k.partition(".")[0] not in objects}
-            left = next((k for k, v in trainer_kwargs.items() if inner_knobs(k, v)), None)
-            if left is not None:
-                raise KnobError(f"`{left}` still holds knobs: no value was chosen for "
-                                f"{sorted(inner_knobs(left, trainer_kwargs[left]))}")
+            for arg, value in trainer_kwargs.items():
+                if unchosen := knob_fields(value):
+                    raise KnobError(f"`{arg}` still holds knobs: no value was chosen for "
+                                    f"{sorted(unchosen)}")
             if isinstance(rf_config, RFConfigMixin):
                 config = rf_config.concrete_config(config_choices)
             elif config_choices:
@@ -377,15 +377,11 @@ class AdaptiveSearch(Search, abc.ABC):
 def _check_no_nested_knob(name: str, value: Any) -> None:
     """A knob inside a config object that is a candidate of a List (``List([LoraConfig(r=List(
     [8, 16]))])``) would reach PEFT as a ``List``: say how to write it instead."""
-    if not dataclasses.is_dataclass(value) or isinstance(value, type):
-        return
-    for f in dataclasses.fields(value):
-        inner = getattr(value, f.name, None)
-        if is_knob(inner):
-            kind = type(value).__name__
-            raise SearchError(
-                f"{name}: {kind}({f.name}={inner!r}) has a knob inside it, and is itself a "
-                f"candidate of a List. Put the knobs in one {kind} ({name}={kind}("
-                f"{f.name}=List([...]))), or list concrete objects ({name}=List([{kind}("
-                f"{f.name}=...), {kind}({f.name}=...)]))."
-            )
+    for field_name, inner in knob_fields(value).items():
+        kind = type(value).__name__
+        raise SearchError(
+            f"{name}: {kind}({field_name}={inner!r}) has a knob inside it, and is itself a "
+            f"candidate of a List. Put the knobs in one {kind} ({name}={kind}("
+            f"{field_name}=List([...]))), or list concrete objects ({name}=List([{kind}("
+            f"{field_name}=...), {kind}({field_name}=...)]))."
+        )
