@@ -16,24 +16,19 @@ so accelerate applies FSDP2's ``fully_shard`` as on GPUs: gang runs train on ``D
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from launched import GANG_RUNS, GANG_SCRIPT, ONE_MACHINE_LAUNCH, train_gang_references
 from safetensors.torch import load_file
 
 from trl_rapidfire.testing import tiny_model_path
 
-SCRIPT = (Path(__file__).resolve().parents[1] / "gang_script.py")
-ACCELERATE = [
-    sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-]
-# run -> (reference folder, learning rate, fsdp on)
-RUNS = {"run-0": ("gang-1e-3", "0.001", "1"), "run-1": ("single-1e-3", "0.001", "0"),
-        "run-2": ("gang-3e-3", "0.003", "1"), "run-3": ("single-3e-3", "0.003", "0")}
+SCRIPT = GANG_SCRIPT
+ACCELERATE = [sys.executable, *ONE_MACHINE_LAUNCH]
+RUNS = GANG_RUNS
 
 
 def _run(*args, **kwargs):
@@ -53,19 +48,7 @@ def references(tmp_path_factory) -> Path:
     """Each config trained by plain TRL: gang configs under the launch, the others alone."""
     tiny_model_path()
     tmp = tmp_path_factory.mktemp("gang-references")
-    for folder, lr, fsdp in RUNS.values():
-        prefix = ACCELERATE if fsdp == "1" else [sys.executable]
-        cmd = [*prefix, str(SCRIPT), "plain", str(tmp / folder), lr, fsdp]
-        for attempt in range(3):
-            proc = subprocess.run(cmd, env=_env(tmp), cwd=tmp, capture_output=True, text=True,
-                                  timeout=600, start_new_session=True)
-            # Plain TRL under the launch: gloo's threads now and then abort a worker as the
-            # process ends ("terminate called without an active exception", SIGABRT; seen in
-            # CI about once in 20 launches, never in our code's runs). Only that is retried.
-            if proc.returncode == 0 or "terminate called without an active exception" not in (
-                    proc.stderr) or attempt == 2:
-                break
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    train_gang_references(tmp, _env(tmp))
     return tmp
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launched import launch_env, loss_history
+from launched import GANG_RUNS, GANG_SCRIPT, launch_env, loss_history, train_gang_references
 from mlflow_server import free_port, mlflow_server
 from safetensors.torch import load_file
 
@@ -354,29 +354,19 @@ def test_an_fsdp_gang_spans_both_machines_bitwise(tmp_path):
     # One worker on each machine: the gang of the launch is both of them (FSDP2 over gloo on
     # loopback), its single-device runs one worker each; against plain TRL, the gang config
     # under a one-machine launch of two processes, the others alone.
-    gang = (Path(__file__).resolve().parents[1] / "gang_script.py")
     tiny_model_path()
     ref = tmp_path / "references"
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
-              "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-              "--dynamo_backend", "no"]
-    configs = {"run-0": ("gang-1e-3", "0.001", "1"), "run-1": ("single-1e-3", "0.001", "0"),
-               "run-2": ("gang-3e-3", "0.003", "1"), "run-3": ("single-3e-3", "0.003", "0")}
-    for folder, lr, fsdp in configs.values():
-        prefix = launch if fsdp == "1" else [sys.executable]
-        proc = subprocess.run([*prefix, str(gang), "plain", str(ref / folder), lr, fsdp],
-                              env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
-                              timeout=600, start_new_session=True)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    ref.mkdir()
+    train_gang_references(ref, _env(tmp_path))
     out = tmp_path / "exp"
     results = _both(tmp_path, out, _env(tmp_path), processes=1,
-                    script=(str(gang), "rf", str(out)))
+                    script=(str(GANG_SCRIPT), "rf", str(out)))
     for code, stdout, stderr in results:
         assert code == 0, stdout[-2000:] + stderr[-5000:]
     assert any("weights of run-0: ['DTensor']" in stdout for _, stdout, _ in results)
     rows = read_schedule_csv(out / "schedule.csv")
-    assert Counter(r.run for r in rows) == {run: 3 for run in configs}
-    for run, (folder, _, _) in configs.items():
+    assert Counter(r.run for r in rows) == {run: 3 for run in GANG_RUNS}
+    for run, (folder, _, _) in GANG_RUNS.items():
         got = load_file(out / "runs" / run / "final" / "adapter_model.safetensors")
         want = load_file(ref / folder / "final" / "adapter_model.safetensors")
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), run
