@@ -38,7 +38,8 @@ from .fields import (
     type_members,
 )
 from .fsdp import gang_config, is_gang_config, normalize_fsdp_config, validating_world
-from .knobs import Knob, List, Range, is_knob, knob_from_json
+from .generation import GenerationEvalFields, check_generation_fields
+from .knobs import Knob, List, Range, describe_value, is_knob, knob_from_json
 from .preflight import PreflightError, check_field_values, scalar_kind
 from .removed_options import DPO_REMOVED, GRPO_REMOVED, Removed
 
@@ -191,7 +192,7 @@ class RFConfigMixin:
         except (ValueError, TypeError) as err:
             if not knobs:
                 raise
-            chosen = ", ".join(f"{k}={v!r}" for k, v in representative.items())
+            chosen = ", ".join(f"{k}={describe_value(v)}" for k, v in representative.items())
             raise type(err)(f"{err} (checked with the first value of each knob: {chosen})") from err
         finally:
             # Read back what the user wrote: knobs, "chunk", the warm-up ratio.
@@ -266,6 +267,7 @@ class RFConfigMixin:
                 "Use e.g. cache_budget_bytes=4 * 2**30 (4 GiB); 0 keeps parked runs on disk."
             )
         parse_cadence(raw["checkpoint_every"])
+        check_generation_fields(raw)
         allowed = raw.get("clone_overrides")
         if allowed is not None and (isinstance(allowed, str) or not all(
                 isinstance(k, str) and k for k in allowed)):
@@ -361,6 +363,9 @@ class RFConfigMixin:
         """Like ``TrainingArguments.to_dict()``, with knobs written as ``{"List": [...]}`` /
         ``{"Range": {...}}`` (the form YAML configs use)."""
         out = super().to_dict()  # type: ignore[misc]
+        if hasattr(out.get("generation_config"), "to_diff_dict"):
+            out["generation_config"] = {k: v for k, v in out["generation_config"].to_diff_dict()
+                                        .items() if k != "transformers_version"}
         for name, knob in self._rf_knobs.items():
             out[name] = knob.to_json()
         return out
@@ -408,11 +413,12 @@ def _copied(value: Any) -> Any:
 
 
 @dataclass
-class RFSFTConfig(RFConfigMixin, SFTConfig):
+class RFSFTConfig(RFConfigMixin, GenerationEvalFields, SFTConfig):
     """TRL's :class:`~trl.SFTConfig` whose fields may hold :class:`List` or :class:`Range` knobs.
 
     Adds ``num_chunks`` and accepts ``eval_strategy="chunk"`` / ``save_strategy="chunk"``
-    (evaluate / checkpoint every run at every chunk end). Without knobs it behaves as
+    (evaluate / checkpoint every run at every chunk end); ``generation_config`` judges runs
+    by what they generate (see ``docs/evaluation.md``). Without knobs it behaves as
     ``SFTConfig``: same defaults, same validation errors.
 
     Example::
@@ -427,7 +433,7 @@ class RFSFTConfig(RFConfigMixin, SFTConfig):
 
 
 @dataclass
-class RFDPOConfig(RFConfigMixin, DPOConfig):
+class RFDPOConfig(RFConfigMixin, GenerationEvalFields, DPOConfig):
     """TRL's :class:`~trl.DPOConfig` whose fields may hold knobs (see :class:`RFSFTConfig`).
 
     Options TRL 1.x removed (``max_prompt_length``, ``max_completion_length``,

@@ -15,14 +15,18 @@ import types
 import typing
 from typing import Any
 
-__all__ = ["CHUNK", "CLONE_KEEPS", "EXPERIMENT_WIDE", "RF_ONLY", "admits", "allowed_values",
-           "field_types", "numeric_field", "type_members"]
+__all__ = ["CHUNK", "CLONE_KEEPS", "EXPERIMENT_WIDE", "GENERATION_FIELDS", "RF_ONLY", "admits",
+           "allowed_values", "field_types", "numeric_field", "type_members"]
+
+GENERATION_FIELDS = ("generation_config", "generation_eval_rows", "generation_saved_rows")
+"""The fields of a run judged by what it generates (SFT and DPO configs; see
+:mod:`trl_rapidfire.trainers.generation_eval`)."""
 
 CHUNK = "chunk"
 """The trl-rapidfire value of ``eval_strategy``/``save_strategy``: act at every chunk end."""
 
 RF_ONLY = frozenset({"num_chunks", "warmup_ratio", "cache_budget_bytes", "clone_overrides",
-                     "checkpoint_every"})
+                     "checkpoint_every", *GENERATION_FIELDS})
 """Fields of the RF configs that TRL's configs do not have (``warmup_ratio``: transformers 5
 removed it; the RF configs still read it, see :mod:`.removed_options`)."""
 

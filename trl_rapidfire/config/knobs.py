@@ -280,6 +280,9 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if callable(value) and hasattr(value, "__qualname__"):
         return value.__qualname__
+    if type(value).__name__ == "GenerationConfig":  # by its fields, as a YAML config writes it
+        return {k: _jsonable(v) for k, v in value.to_diff_dict().items()
+                if k != "transformers_version"}
     return repr(value)
 
 
@@ -405,7 +408,7 @@ def _yaml_range(field: str | None, low: Any, high: Any, **kwargs: Any) -> Range:
 
 def describe_value(value: Any) -> str:
     """A short human form of a knob value: functions by name, LoRA configs by rank, alpha and
-    targets, everything else by ``repr``."""
+    targets, generation configs by the fields set, everything else by ``repr``."""
     if callable(value) and hasattr(value, "__qualname__"):
         return value.__qualname__
     if isinstance(value, (list, tuple)):
@@ -416,4 +419,7 @@ def describe_value(value: Any) -> str:
         if targets and not isinstance(targets, str):  # a string is a name or a pattern
             targets = sorted(targets)
         return f"LoraConfig(r={value.r}, alpha={value.lora_alpha}, targets={targets!r})"
+    if type(value).__name__ == "GenerationConfig":
+        fields = {k: v for k, v in value.to_diff_dict().items() if k != "transformers_version"}
+        return "GenerationConfig(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
     return repr(value)

@@ -133,6 +133,12 @@ class Search:
             groups.append(tuple(group))
         self.zip_groups: tuple[tuple[str, ...], ...] = tuple(groups)
 
+    def objective(self) -> tuple[str, bool] | None:
+        """What the search optimizes, ``(metric, greater_is_better)``, or ``None`` for a
+        search that only enumerates (grid, random): the best run is the search's best unless
+        the config names ``metric_for_best_model``."""
+        return None
+
     def knob_axes(self, rf_config: Any,
                   trainer_level: Mapping[str, Any]) -> tuple[dict[str, Knob], list[Axis]]:
         """Every knob of the config group (config fields first, in field order, then the

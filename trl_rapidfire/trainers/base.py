@@ -228,10 +228,14 @@ class RFTrainerMixin:
 
     @property
     def best_run(self) -> RunResult | None:
-        """The best run by ``metric_for_best_model``/``greater_is_better`` (default: eval loss
-        if every run was evaluated, else the latest training loss)."""
+        """The best run by ``metric_for_best_model``/``greater_is_better``; without them by
+        what the search optimizes (``OptunaSearch(metric=..., direction=...)``), else eval
+        loss if every run was evaluated, else the latest training loss."""
         metric = getattr(self.args, "metric_for_best_model", None)
         greater = getattr(self.args, "greater_is_better", None) if metric else None
+        objective = self.search.objective()
+        if metric is None and objective is not None:
+            metric, greater = objective
         return pick_best(self.runs, metric, greater)
 
     @property

@@ -49,12 +49,17 @@ class RFDPOTrainer(RFTrainerMixin, DPOTrainer):
     together chunk by chunk, each ending exactly as it would alone.
 
     Takes ``DPOTrainer``'s arguments; ``args`` is usually an :class:`~trl_rapidfire.RFDPOConfig`
-    (``beta=List([...])``, ``loss_type=List([...])``, ...); ``model`` and ``peft_config`` may be
-    ``List``s. ``search``: ``GridSearch()`` (default) or ``RandomSearch(...)``. See
+    (``beta=List([...])``, ``loss_type=List([...])``, ...); ``model``, ``peft_config`` and
+    ``compute_metrics`` may be ``List``s; with the config's ``generation_config`` the runs
+    answer the eval prompts and are scored against the chosen answers. ``search``:
+    ``GridSearch()`` (default) or ``RandomSearch(...)``. See
     :class:`~trl_rapidfire.RFSFTTrainer` for what the trainer offers after ``train()``.
     """
 
     _rf_run_hooks = _RunDPOHooks
+    _rf_knob_arguments = ("model", "peft_config", "processing_class", "compute_metrics")
+    # A generation eval's reference: the chosen answer (see generation_eval.py).
+    rf_reference_column = "chosen"
 
     def __init__(
         self,

@@ -23,6 +23,7 @@ from ..runtime.models import ModelPool, adapter_name
 from ..runtime.workers import current_worker
 from ..search.searches import RunSpec, Search, SearchError
 from ..storage.layout import Layout, run_index
+from .generation_eval import GenerationEval
 from .run_trainer import copy_callbacks
 
 __all__ = ["RunBuilder"]
@@ -73,7 +74,24 @@ class RunBuilder:
     def strategy(self, spec: RunSpec, name: str) -> Any:
         """The run's ``eval_strategy``/``save_strategy`` as the user wrote it (``"chunk"`` is
         turned into ``"no"`` in the TRL config: the engine does the chunk-time work)."""
+        return self.setting(spec, name)
+
+    def setting(self, spec: RunSpec, name: str) -> Any:
+        """The run's value of the RF config field ``name``: its knob's, else the config's."""
         return spec.knobs.get(name, self.raw_args.get(name))
+
+    def generation(self, spec: RunSpec, scorer: Any) -> GenerationEval | None:
+        """How the run is judged by what it generates (its RF-only generation fields, which
+        its TRL config does not hold), or ``None`` without a ``generation_config``."""
+        value = self.setting(spec, "generation_config")
+        if value is None:
+            return None
+        return GenerationEval.build(
+            value, scorer, self.shared.get("eval_dataset"),
+            reference_column=getattr(self.trainer_class, "rf_reference_column", "completion"),
+            max_rows=self.setting(spec, "generation_eval_rows"),
+            saved_rows=self.setting(spec, "generation_saved_rows"),
+        )
 
     # ------------------------------------------------------------------ building a run
 
@@ -152,6 +170,9 @@ class RunBuilder:
 
     def _new_run(self, spec: RunSpec, trainer: Any, run_dir: Path, **fields: Any) -> NewRun:
         tracked = dict(spec.config.to_dict())
+        generation = self.setting(spec, "generation_config")
+        if generation is not None and "generation_config" not in spec.knobs:
+            tracked["generation_config"] = describe_value(generation)
         tracked.update({k: describe_value(v) for k, v in spec.knobs.items() if k not in tracked})
         return NewRun(
             name=spec.name, index=spec.index, knobs=spec.knobs, trainer=trainer,
@@ -175,7 +196,7 @@ class RunBuilder:
             trainer = self.trainer_class(model=group.model, args=spec.config, rf_adapter=adapter,
                                          rf_owner=self.owner,
                                          rf_attached=(lambda: group.attached) if adapter else None,
-                                         **self._trainer_kwargs(kw))
+                                         **self._trainer_kwargs(spec, kw))
         if before is not None:
             after = spec.config.to_dict()
             self.changed_in_place[spec.name] = [k for k, v in after.items()
@@ -187,14 +208,20 @@ class RunBuilder:
         launch's world; accelerate's state stays as the trainer left it (its run's)."""
         with building_in(World.LAUNCH, spec.config):
             return self.trainer_class(args=spec.config, rf_adapter=None, rf_owner=self.owner,
-                                      **self._trainer_kwargs(spec.trainer_kwargs))
+                                      **self._trainer_kwargs(spec, spec.trainer_kwargs))
 
-    def _trainer_kwargs(self, own: dict[str, Any]) -> dict[str, Any]:
+    def _trainer_kwargs(self, spec: RunSpec, own: dict[str, Any]) -> dict[str, Any]:
         """A run's trainer arguments: the shared ones (the pool applies the quantization
-        config when it loads a model), the run's own, and its own copies of the callbacks."""
+        config when it loads a model), the run's own, and its own copies of the callbacks.
+        A run judged by what it generates gets its ``compute_metrics`` through its
+        :class:`GenerationEval`: TRL's evaluation would call it with logits."""
         kwargs = {k: v for k, v in self.shared.items() if k != "quantization_config"}
         kwargs.update(own)
         kwargs["callbacks"] = copy_callbacks(self.shared.get("callbacks"))
+        generation = self.generation(spec, kwargs.get("compute_metrics"))
+        if generation is not None:
+            kwargs["compute_metrics"] = None
+            kwargs["rf_generation"] = generation
         return kwargs
 
     # ------------------------------------------------------------------ the engine's factory

@@ -20,6 +20,7 @@ from transformers import PrinterCallback, ProgressCallback
 from transformers.integrations import MLflowCallback
 
 from ..storage.checkpoints import commit_folder, start_folder
+from .generation_eval import GenerationEval
 
 __all__ = ["RunTrainerMixin", "copy_callback", "copy_callbacks"]
 
@@ -46,8 +47,9 @@ class RunTrainerMixin(_TrainerBase):
 
     def __init__(self, *args: Any, rf_adapter: str | None = None, rf_owner: Any = None,
                  rf_attached: Callable[[], Collection[str]] | None = None,
-                 **kwargs: Any) -> None:
+                 rf_generation: GenerationEval | None = None, **kwargs: Any) -> None:
         self._rf_adapter = rf_adapter
+        self._rf_generation = rf_generation
         # The adapters in the shared model's module tree now (the others are detached): what
         # PEFT must tell this run's keys from when it saves. None: every adapter it knows.
         self._rf_attached = rf_attached
@@ -80,6 +82,19 @@ class RunTrainerMixin(_TrainerBase):
             if name in given:
                 return given[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def evaluation_loop(self, dataloader: Any, description: str,
+                        prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None,
+                        metric_key_prefix: str = "eval") -> Any:
+        """The Trainer's evaluation, then, for a run judged by what it generates, its
+        generation metrics (``<prefix>_<name>``) in the same metrics: logged with the loss,
+        seen by ``on_evaluate`` callbacks and ``metric_for_best_model``."""
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only,
+                                         ignore_keys, metric_key_prefix)
+        if self._rf_generation is not None:
+            output.metrics.update(self._rf_generation.run(self, metric_key_prefix))
+        return output
 
     def rf_step_multiple(self) -> int:
         """Chunk boundaries fall on multiples of this many optimizer steps (GRPO: whole

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import warnings
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from ..shared_state.state_file import FileStore
 from ..shared_state.store import StoreError
 from ..storage.layout import Layout
 from ..storage.names import UntrustedValue
+from .generation_eval import examples_of
 from .run_builder import RunBuilder
 from .run_trainer import copy_callbacks
 
@@ -93,6 +95,8 @@ def check_specs(specs: Sequence[RunSpec], shared_args: dict[str, Any], builder: 
                 "and needs an eval_dataset; pass eval_dataset=... or use eval_strategy='no'."
             )
         evaluates = chunk_eval or builder.strategy(spec, "eval_strategy") not in (None, "no")
+        if builder.setting(spec, "generation_config") is not None:
+            _check_generation(spec.name, evaluates, shared_args.get("eval_dataset"))
         for name, (who, other) in readers.items():
             if name.startswith("eval_") and not evaluates:
                 raise RFConfigError(
@@ -101,6 +105,22 @@ def check_specs(specs: Sequence[RunSpec], shared_args: dict[str, Any], builder: 
                     f"evaluated at each chunk end, or {other}."
                 )
     copy_callbacks(shared_args.get("callbacks"))  # fail before any model is loaded
+
+
+def _check_generation(run: str, evaluates: bool, eval_dataset: Any) -> None:
+    """A run with a ``generation_config`` is evaluated, on rows that have prompts."""
+    if not evaluates or eval_dataset is None:
+        raise RFConfigError(
+            f"{run}: generation_config judges the run by what it generates at each "
+            "evaluation, but it is never evaluated; set eval_strategy='chunk' and pass "
+            "eval_dataset=... (rows with a prompt), or remove generation_config.")
+    sets = eval_dataset.items() if isinstance(eval_dataset, Mapping) else [("", eval_dataset)]
+    for name, dataset in sets:
+        try:
+            examples_of(itertools.islice(dataset, 1), "completion")
+        except ValueError as err:
+            where = f"eval_dataset[{name!r}]" if name else "eval_dataset"
+            raise RFConfigError(f"{run}: generation_config: {where}: {err}") from None
 
 
 def check_clone_overrides(args: Any, trainer_args: Collection[str],

@@ -72,7 +72,9 @@ class RFSFTTrainer(RFTrainerMixin, SFTTrainer):
 
     Takes ``SFTTrainer``'s arguments. ``args`` is usually an :class:`~trl_rapidfire.RFSFTConfig`
     whose fields may hold ``List``/``Range`` knobs; ``model``, ``peft_config``,
-    ``formatting_func`` and ``processing_class`` may be ``List``s too.
+    ``formatting_func``, ``processing_class`` and ``compute_metrics`` may be ``List``s too.
+    With the config's ``generation_config``, ``compute_metrics`` scores decoded answers
+    (``docs/evaluation.md``).
 
     Args:
         search: how knobs expand into runs: ``GridSearch()`` (default) or
@@ -86,7 +88,10 @@ class RFSFTTrainer(RFTrainerMixin, SFTTrainer):
     final adapter/model is in ``<output_dir>/runs/<run>/final/``.
     """
 
-    _rf_knob_arguments = ("model", "peft_config", "formatting_func", "processing_class")
+    _rf_knob_arguments = ("model", "peft_config", "formatting_func", "processing_class",
+                          "compute_metrics")
+    # A generation eval's reference for a prompt/completion row (see generation_eval.py).
+    rf_reference_column = "completion"
     _rf_run_hooks = _RunSFTHooks
 
     def __init__(

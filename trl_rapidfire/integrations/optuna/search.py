@@ -86,6 +86,10 @@ class OptunaSearch(AdaptiveSearch):
         self.num_runs, self.max_concurrent = num_runs, max_concurrent
         self.metric, self.direction, self.seed = metric, direction, seed
 
+    def objective(self) -> tuple[str, bool]:
+        """The study's metric and direction."""
+        return self.metric, self.direction == "maximize"
+
     def sampler_for(self, number: int) -> Any:
         """The sampler that proposes trial ``number``."""
         optuna = require_optuna("OptunaSearch")
