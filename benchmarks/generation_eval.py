@@ -12,12 +12,14 @@ rows are pseudo-words: a 48-word prompt and an 8-word completion.
 
 Printed, per side: wall time of ``train()``, and for B the mean generation time per
 evaluation (``eval_generation_seconds``, logged by every evaluation) and its share of B's
-wall; then ``wall B / A``. The generation cost grows with eval rows x new tokens, not with
-the number of configs' other work: it is a per-run cost paid at each chunk end.
+wall; then ``wall generation / baseline`` (B over A); and ``bitwise equal for N/N runs``:
+each run's final adapter with generation eval against the same run's without it (generating
+must not change training). Exit status 1 if any differs. The generation cost grows with eval
+rows x new tokens: a per-run cost paid at each chunk end.
 
 Usage::
 
-    python benchmarks/generation_eval.py --model tiny
+    python benchmarks/generation_eval.py --quick                    # the tiny model, seconds
     python benchmarks/generation_eval.py --model full --threads 1   # minutes on one core
 """
 
@@ -58,7 +60,7 @@ def _model_path(model: str) -> str:
     return model_path(FULL if model == "full" else QUICK)
 
 
-def side(args: argparse.Namespace, generate: bool, out: Path) -> dict[str, float]:
+def side(args: argparse.Namespace, generate: bool, out: Path) -> dict[str, Any]:
     from peft import LoraConfig
     from transformers import GenerationConfig
 
@@ -88,7 +90,7 @@ def side(args: argparse.Namespace, generate: bool, out: Path) -> dict[str, float
     generation = [e["eval_generation_seconds"] for run in ("run-0", "run-1")
                   for e in trainer.run_trainer(run).state.log_history
                   if "eval_generation_seconds" in e]
-    return {"wall": wall, "evals": len(generation),
+    return {"wall": wall, "evals": len(generation), "out": str(out),
             "generation": statistics.mean(generation) if generation else 0.0,
             "generation_total": sum(generation)}
 
@@ -102,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-batch", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, help="torch threads (1 on a busy machine)")
+    parser.add_argument("--quick", action="store_true", help="the tiny model, 8 steps")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.steps, args.chunks, args.eval_rows = "tiny", 8, 2, 8
     import torch
     import transformers
 
@@ -112,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rf-generation-bench-") as tmp:
         loss_only = side(args, False, Path(tmp) / "a")
         generating = side(args, True, Path(tmp) / "b")
+        equal = [run for run in ("run-0", "run-1") if _same_adapter(
+            Path(loss_only["out"]) / "runs" / run / "final",
+            Path(generating["out"]) / "runs" / run / "final")]
     print(f"model {args.model}: 2 configs x {args.steps} steps in {args.chunks} chunks, "
           f"{args.eval_rows} eval rows, {args.new_tokens} new tokens, threads "
           f"{torch.get_num_threads()}")
@@ -119,8 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"B + generation eval  wall {generating['wall']:8.2f} s   "
           f"{generating['evals']} generation evals, {generating['generation']:.3f} s each "
           f"({generating['generation_total'] / generating['wall']:.0%} of B's wall)")
-    print(f"wall B / A = {generating['wall'] / loss_only['wall']:.2f}")
-    return 0
+    print(f"wall generation / baseline = {generating['wall'] / loss_only['wall']:.2f}")
+    print(f"bitwise equal for {len(equal)}/2 runs (final adapters with and without "
+          "generation eval)")
+    return 0 if len(equal) == 2 else 1
+
+
+def _same_adapter(a: Path, b: Path) -> bool:
+    import torch
+    from safetensors.torch import load_file
+
+    x = load_file(a / "adapter_model.safetensors")
+    y = load_file(b / "adapter_model.safetensors")
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
 if __name__ == "__main__":

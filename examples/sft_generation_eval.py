@@ -1,6 +1,6 @@
 """Judge runs by what they answer: 4 SFT configs scored on their generated answers per chunk.
 
-Offline, on a CPU (a tiny 2-layer Llama built locally and generated Q&A data, about 30 s on 2
+Offline, on a CPU (a tiny 2-layer Llama built locally and generated Q&A data, about 15 s on 2
 CPU cores)::
 
     HF_HUB_OFFLINE=1 python examples/sft_generation_eval.py
@@ -35,7 +35,7 @@ from trl_rapidfire.testing import (
     tiny_model_path,
 )
 
-LEARNING_RATES = [3e-3, 1e-2]
+LEARNING_RATES = [1e-2, 3e-2]
 RANKS = [4, 16]
 
 
@@ -56,7 +56,7 @@ def score(prediction: EvalPrediction) -> dict[str, float]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", help="experiment folder (default: a new temp folder)")
-    parser.add_argument("--rows", type=int, default=384, help="training rows (one epoch)")
+    parser.add_argument("--rows", type=int, default=1024, help="training rows (one epoch)")
     parser.add_argument("--eval-rows", type=int, default=32, help="eval prompts")
     parser.add_argument("--num-chunks", type=int, default=4, help="chunks per run")
     return parser.parse_args(argv)

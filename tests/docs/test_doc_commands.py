@@ -41,6 +41,9 @@ RUN_BY: dict[str, list[tuple[str, list[str]]]] = {
         (".ci/run", ["bash scripts/install.sh && python -m pytest"])],
     "bash scripts/install.sh": [(".ci/run", ["bash scripts/install.sh"])],
     ". .venv/bin/activate": [(".ci/run", [". .venv/bin/activate"])],
+    "python examples/sft_generation_eval.py": [
+        ("tests/examples/test_example_generation_eval.py::"
+         "test_example_scores_each_run_on_its_answers", ["example.main("])],
     "trl-rapidfire dashboard": [
         ("tests/docs/test_readme_first_hour.py::test_quickstart_then_dashboard_as_readme_says",
          ['"dashboard"', "SIGINT"])],
@@ -95,7 +98,7 @@ RUN_HERE = {
 # Benchmarks whose --quick smoke run is run here (the full runs make the published figures).
 QUICK = {"benchmarks/overhead.py", "benchmarks/durability.py", "benchmarks/workers.py",
          "benchmarks/time_to_best.py", "benchmarks/real_shape.py", "benchmarks/turn_costs.py",
-         "benchmarks/scaling.py"}
+         "benchmarks/scaling.py", "benchmarks/generation_eval.py"}
 OWN_SCRIPT = "my_experiment.py"  # the reader's script: the docs show it beside the command
 
 
