@@ -304,3 +304,64 @@ def test_optuna_maximizes_a_generation_metric(tmp_path):
     assert len(told) == 3 and told == final
     # The best run is the study's best (no metric_for_best_model given).
     assert rf.best_run.name == max(rf.runs, key=lambda r: r.metrics["eval_score"]).name
+
+
+def _dominates(a: list[float], b: list[float], signs: list[float]) -> bool:
+    """``a`` at least as good as ``b`` in every objective and better in one (signs: +1 to
+    minimize, -1 to maximize)."""
+    pairs = [(s * x, s * y) for s, x, y in zip(signs, a, b)]
+    return all(x <= y for x, y in pairs) and any(x < y for x, y in pairs)
+
+
+def test_a_two_objective_search_tells_both_values_and_reports_the_pareto_front(tmp_path,
+                                                                            capsys):
+    optuna = pytest.importorskip("optuna")
+    from trl_rapidfire import OptunaSearch, Range
+    from trl_rapidfire.cli import main as cli
+    from trl_rapidfire.reports.experiment_data import load_experiment
+    from trl_rapidfire.reports.plots import summary_markdown
+
+    out = tmp_path / "exp"
+    search = OptunaSearch(num_runs=4, max_concurrent=2, seed=3,
+                          metric=["eval_loss", "eval_score"],
+                          direction=["minimize", "maximize"])
+    rf = _generation_experiment(out, Range(1e-4, 1e-1, log=True), search=search)
+    rf.train()
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        str(out / ".rapidfire" / "optuna.journal")))
+    study = optuna.load_study(study_name="trl-rapidfire", storage=storage)
+    assert [d.name for d in study.directions] == ["MINIMIZE", "MAXIMIZE"]
+    told = {t.user_attrs["run"]: t.values for t in study.trials
+            if t.state == optuna.trial.TrialState.COMPLETE}
+    last = {r.name: _eval_logs(rf, r.name)[2 * CHUNK_STEPS] for r in rf.runs}
+    assert told == {run: [e["eval_loss"], e["eval_score"]] for run, e in last.items()}
+    assert all(not t.intermediate_values for t in study.trials)  # Optuna prunes on one
+    # The front: the runs no other run dominates, as Optuna computed it and as logged.
+    front = sorted(run for run, v in told.items()
+                   if not any(_dominates(w, v, [1, -1]) for w in told.values()))
+    assert sorted(t.user_attrs["run"] for t in study.best_trials) == front
+    assert len(front) < len(told)  # this study has dominated runs: the front is a choice
+    cli(["status", "--output-dir", str(out)])
+    shown = [line for line in capsys.readouterr().out.splitlines() if "Pareto" in line]
+    assert shown == [f"Pareto front: {' '.join(front)} (no run better in every objective)"]
+    summary = summary_markdown(load_experiment(out), "eval_score").splitlines()
+    assert [line for line in summary if "Pareto" in line] == [
+        "Pareto front (no run better in every objective): " + ", ".join(front)]
+    # The best run: the best by the first objective, which is on the front.
+    best = rf.best_run.name
+    assert best == min(last, key=lambda run: last[run]["eval_loss"]) and best in front
+
+
+@pytest.mark.parametrize(("metric", "direction", "match"), [
+    (["eval_loss", "eval_score"], "minimize", "2 metric.s. and 1 direction"),
+    (["eval_loss", "eval_loss"], ["minimize", "maximize"], "each metric once"),
+    ([], [], "a logged metric's name"),
+    (["eval_loss", "eval_score"], ["minimize", "up"], "'minimize' or 'maximize'"),
+])
+def test_a_bad_objective_list_is_refused(metric, direction, match):
+    pytest.importorskip("optuna")
+    from trl_rapidfire import OptunaSearch
+    from trl_rapidfire.search.searches import SearchError
+
+    with pytest.raises(SearchError, match=match):
+        OptunaSearch(num_runs=2, metric=metric, direction=direction)

@@ -181,9 +181,23 @@ def _status_of_folder(output_dir: str) -> int:
     waiting = Inbox(layout).waiting() if who else 0
     print(f"experiment in {output_dir} (not tracked in MLflow, {state}{where})")
     print(table(headers, rows))
+    _print_front(output_dir)
     if waiting:
         print(f"{waiting} op(s) waiting for the next chunk boundary")
     return 0
+
+
+def _print_front(output_dir: str | None) -> None:
+    """A multi-objective search's Pareto front, from the experiment's ``search.csv``."""
+    if output_dir is None:
+        return
+    from ..reports.experiment_data import read_search_log
+    from ..reports.report import pareto_front
+    from ..storage.layout import Layout
+
+    front = pareto_front(read_search_log(Layout(output_dir).search_log))
+    if front is not None:
+        print(f"Pareto front: {' '.join(front) or '-'} (no run better in every objective)")
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -213,6 +227,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if proposed:
         headers[2:2] = ["trial", "proposed"]
     print(table(headers, rows))
+    _print_front(args.output_dir)
     return 0
 
 

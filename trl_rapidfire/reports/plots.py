@@ -36,7 +36,7 @@ from .experiment_data import (
     run_order,
 )
 from .plot_legend import fit_legends, legend_style, run_labels
-from .report import format_value, search_rows
+from .report import format_value, pareto_front, search_rows
 
 # ExperimentData, OpEvent, RunData and load_experiment live in experiment_data.py; they are
 # still imported from here, where the report's public API has always been.
@@ -442,6 +442,10 @@ def summary_markdown(
                   "proposal), and what it was told (`search.csv`).", "",
                   "| trial | run | proposed | params | told |", "| ---: | --- | --- | --- | --- |"]
         lines += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in rows]
+        front = pareto_front(data.search)
+        if front is not None:
+            lines += ["", f"Pareto front (no run better in every objective): "
+                      f"{', '.join(front) or '-'}"]
     for image in images:
         title = Path(image).stem.replace("_", " ").capitalize()
         lines += ["", f"## {title}", "", f"![{title}]({image})"]

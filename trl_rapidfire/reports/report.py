@@ -14,7 +14,8 @@ from ..storage.schedule import ChunkRecord
 from .display import ELLIPSIS, clip, table
 from .results import RunResult
 
-__all__ = ["chunk_timeline", "format_value", "knob_cells", "results_table", "search_rows",
+__all__ = ["chunk_timeline", "format_value", "knob_cells", "pareto_front", "results_table",
+           "search_rows",
            "short_name"]
 
 DEFAULT_COLUMNS = {"loss": "loss", "train_loss": "train_loss", "eval_loss": "eval_loss"}
@@ -215,6 +216,13 @@ def chunk_timeline(
         seconds = sum(c.seconds for _, c in mine)
         lines.append(f"{run.name:<{width}}  {cells}  {where}  ({seconds:.1f} s)")
     return "\n".join(lines)
+
+
+def pareto_front(events: Sequence[Any]) -> list[str] | None:
+    """The runs on a multi-objective search's Pareto front, as the study last computed it
+    (``front`` events of ``search.csv``); ``None`` for a search with one objective."""
+    fronts = [e.detail for e in events if e.event == "front"]
+    return fronts[-1].split() if fronts else None
 
 
 def search_rows(events: Sequence[Any], start: float | None = None) -> list[list[str]]:

@@ -366,6 +366,8 @@ class AdaptiveSearch(Search, abc.ABC):
     :mod:`trl_rapidfire.engine.proposals`)."""
 
     metric: str  # the logged metric the search optimises (e.g. "eval_loss"), set by subclasses
+    metrics: tuple[str, ...]  # every objective (several: a multi-objective search), the first
+    # of them `metric`
 
     @abc.abstractmethod
     def describe(self, rf_config: Any, **trainer_level: Any) -> Any:

@@ -92,7 +92,7 @@ def assemble(
     proposer = None
     if isinstance(search, AdaptiveSearch):
         specs, proposer = search.start(args, layout, **knob_args)
-        check_specs(specs, shared_args, builder, metric=search.metric, policy=policy)
+        check_specs(specs, shared_args, builder, metrics=search.metrics, policy=policy)
     tracker = None
     if _tracks_to_mlflow(args):
         from ..tracking.tags import check_uri_across_machines, resolve_tracking_uri

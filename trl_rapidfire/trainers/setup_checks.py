@@ -67,11 +67,11 @@ def open_store(layout: Layout, fingerprint: str) -> FileStore:
 
 
 def check_specs(specs: Sequence[RunSpec], shared_args: dict[str, Any], builder: RunBuilder,
-                metric: str | None = None, policy: Any = None) -> None:
+                metrics: Sequence[str] = (), policy: Any = None) -> None:
     """What is wrong with the runs as a whole, said before any model loads.
 
     Args:
-        metric: what an adaptive search optimizes (it must be logged).
+        metrics: what an adaptive search optimizes (each must be logged).
         policy: the experiment's policy: the metrics it reads must be logged too.
     """
     optimizers = shared_args.get("optimizers")
@@ -81,8 +81,8 @@ def check_specs(specs: Sequence[RunSpec], shared_args: dict[str, Any], builder: 
             "parameters; with several runs each needs its own. Use "
             "`optimizer_cls_and_kwargs=(cls, kwargs)` or the config's `optim` instead."
         )
-    readers = {} if metric is None else {metric: ("the search optimizes", "search on "
-                                                  "metric='loss'")}
+    readers = {metric: ("the search optimizes", "search on metric='loss'")
+               for metric in metrics}
     for member in getattr(policy, "policies", [policy] if policy is not None else []):
         for name in member.metrics:
             readers.setdefault(name, (f"the policy {member.name} reads",

@@ -52,8 +52,13 @@ class OptunaSearch(AdaptiveSearch):
         max_concurrent: how many runs train at a time (are in the rotation); a new one is
             proposed whenever one leaves it (>= 1).
         metric: what the study optimizes: a logged metric (``eval_loss``; ``x`` also finds
-            ``eval_x``), its value at each chunk end an intermediate value of the trial.
-        direction: ``minimize`` or ``maximize``.
+            ``eval_x``), its value at each chunk end an intermediate value of the trial; or a
+            list of them (``["eval_loss", "eval_rouge_l"]``): a multi-objective study, each
+            completed run told its last value of each, the Pareto front in ``search.csv``,
+            ``trl-rapidfire status`` and the report (no intermediate values: Optuna's pruners
+            take one objective). The best run is then the best by the first metric (it is on
+            the front); ``metric_for_best_model`` chooses another.
+        direction: ``minimize`` or ``maximize``; with several metrics, one per metric.
         seed: seeds the sampler (independent of training seeds).
         zip: as for :class:`~trl_rapidfire.search.searches.GridSearch` (a zip group is one
         parameter).
@@ -63,18 +68,14 @@ class OptunaSearch(AdaptiveSearch):
     """
 
     def __init__(self, sampler: Any = None, *, num_runs: int, max_concurrent: int = 4,
-                 metric: str = "eval_loss", direction: str = "minimize", seed: int = 0,
+                 metric: str | Sequence[str] = "eval_loss",
+                 direction: str | Sequence[str] = "minimize", seed: int = 0,
                  zip: Sequence[Sequence[str]] = ()) -> None:  # noqa: A002 - the public name
         optuna = require_optuna("OptunaSearch")
         for name, value in (("num_runs", num_runs), ("max_concurrent", max_concurrent)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SearchError(f"OptunaSearch needs {name} >= 1 (an integer), got {value!r}.")
-        if direction not in ("minimize", "maximize"):
-            raise SearchError(f"OptunaSearch direction must be 'minimize' or 'maximize', got "
-                              f"{direction!r}.")
-        if not isinstance(metric, str) or not metric:
-            raise SearchError(f"OptunaSearch metric must be a logged metric's name (e.g. "
-                              f"'eval_loss'), got {metric!r}.")
+        metrics, directions = _objectives(metric, direction)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise SearchError(f"OptunaSearch seed must be an integer, got {seed!r}.")
         if sampler is not None and not isinstance(sampler, optuna.samplers.BaseSampler) \
@@ -84,10 +85,12 @@ class OptunaSearch(AdaptiveSearch):
         super().__init__(zip=zip)
         self.sampler = sampler
         self.num_runs, self.max_concurrent = num_runs, max_concurrent
-        self.metric, self.direction, self.seed = metric, direction, seed
+        # The first objective serves where one is needed (best_run, one-metric readers).
+        self.metrics, self.directions = metrics, directions
+        self.metric, self.direction, self.seed = metrics[0], directions[0], seed
 
     def objective(self) -> tuple[str, bool]:
-        """The study's metric and direction."""
+        """The study's metric and direction (with several: the first)."""
         return self.metric, self.direction == "maximize"
 
     def sampler_for(self, number: int) -> Any:
@@ -146,7 +149,7 @@ class OptunaSearch(AdaptiveSearch):
         sampler = self.sampler
         return {"search": "OptunaSearch", "sampler": None if sampler is None else (
                     getattr(sampler, "__qualname__", None) or type(sampler).__name__),
-                "seed": self.seed, "metric": self.metric, "direction": self.direction,
+                "seed": self.seed, **self._objective_doc(),
                 "zip": [list(g) for g in self.zip_groups], "knobs": knobs,
                 "template": describe_argument(config_doc(template.config)),
                 "arguments": {k: describe_argument(v) for k, v in
@@ -159,8 +162,8 @@ class OptunaSearch(AdaptiveSearch):
         space = self.space(rf_config, trainer_level)
         book = StudyBook(space, layout, sampler_for=self.sampler_for,
                          sampler_name=self.sampler_name, num_runs=self.num_runs,
-                         max_concurrent=self.max_concurrent, metric=self.metric,
-                         direction=self.direction)
+                         max_concurrent=self.max_concurrent, metrics=self.metrics,
+                         directions=self.directions)
         specs = [Search.build_run(p.name, run_index(p.name) or 0, p.knobs, rf_config,
                                   trainer_level) for p in book.first_runs()]
         return specs, book
@@ -168,5 +171,35 @@ class OptunaSearch(AdaptiveSearch):
     def __repr__(self) -> str:
         zipped = f", zip={list(self.zip_groups)!r}" if self.zip_groups else ""
         return (f"OptunaSearch(sampler={self.sampler!r}, num_runs={self.num_runs}, "
-                f"max_concurrent={self.max_concurrent}, metric={self.metric!r}, "
-                f"direction={self.direction!r}, seed={self.seed}{zipped})")
+                f"max_concurrent={self.max_concurrent}, "
+                + ", ".join(f"{k}={v!r}" for k, v in self._objective_doc().items())
+                + f", seed={self.seed}{zipped})")
+
+    def _objective_doc(self) -> dict[str, Any]:
+        """``metric`` and ``direction`` as written: one name each, or lists (one objective is
+        described as before multi-objective searches existed, so its experiments continue)."""
+        if len(self.metrics) == 1:
+            return {"metric": self.metric, "direction": self.direction}
+        return {"metric": list(self.metrics), "direction": list(self.directions)}
+
+
+def _objectives(metric: Any, direction: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The search's metrics and directions, checked: as many of one as of the other."""
+    metrics = (metric,) if isinstance(metric, str) else tuple(metric) if isinstance(
+        metric, Sequence) else (metric,)
+    directions = (direction,) if isinstance(direction, str) else tuple(direction) if isinstance(
+        direction, Sequence) else (direction,)
+    if not metrics or any(not isinstance(m, str) or not m for m in metrics):
+        raise SearchError(f"OptunaSearch metric must be a logged metric's name (e.g. "
+                          f"'eval_loss'), or a list of them, got {metric!r}.")
+    if len(set(metrics)) != len(metrics):
+        raise SearchError(f"OptunaSearch metric names {metric!r}: each metric once.")
+    bad = [d for d in directions if d not in ("minimize", "maximize")]
+    if bad or not directions:
+        raise SearchError(f"OptunaSearch direction must be 'minimize' or 'maximize' (one per "
+                          f"metric), got {direction!r}.")
+    if len(directions) != len(metrics):
+        raise SearchError(f"OptunaSearch has {len(metrics)} metric(s) and {len(directions)} "
+                          f"direction(s): give one direction per metric, e.g. metric="
+                          f"{list(metrics)!r}, direction={['minimize'] * len(metrics)!r}.")
+    return metrics, directions

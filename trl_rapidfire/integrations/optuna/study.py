@@ -26,7 +26,7 @@ import contextlib
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from filelock import FileLock
@@ -60,18 +60,19 @@ class StudyBook:
         sampler_name: what proposes the runs, for their tags.
         num_runs: how many runs the sampler proposes in all.
         max_concurrent: how many runs train at a time.
-        metric, direction: the study's objective (a logged metric) and its direction.
+        metrics, directions: the study's objectives (logged metrics) and their directions;
+            several make a multi-objective study.
     """
 
     def __init__(self, space: SearchSpace, layout: Layout, *, sampler_for: Callable[[int], Any],
-                 sampler_name: str, num_runs: int, max_concurrent: int, metric: str,
-                 direction: str) -> None:
+                 sampler_name: str, num_runs: int, max_concurrent: int,
+                 metrics: Sequence[str], directions: Sequence[str]) -> None:
         optuna = require_optuna("OptunaSearch")
         self._optuna = optuna
         self.space = space
         self.sampler_for, self.sampler_name = sampler_for, sampler_name
         self.num_runs, self.max_concurrent = num_runs, max_concurrent
-        self.metric, self.direction = metric, direction
+        self.metrics, self.directions = tuple(metrics), tuple(directions)
         layout.state_dir.mkdir(parents=True, exist_ok=True)
         self.path = layout.study_journal
         self.log_path = layout.search_log
@@ -82,10 +83,11 @@ class StudyBook:
             self.storage = optuna.storages.JournalStorage(
                 journal.JournalFileBackend(str(self.path)))
             self.study = optuna.create_study(study_name=STUDY_NAME, storage=self.storage,
-                                             direction=direction, load_if_exists=True)
-        if self.study.direction.name.lower() != direction:
-            raise ValueError(f"{self.path} holds a study that {self.study.direction.name.lower()}"
-                             f"s; this search {direction}s. Use another output_dir.")
+                                             directions=list(directions), load_if_exists=True)
+        held = tuple(d.name.lower() for d in self.study.directions)
+        if held != self.directions:
+            raise ValueError(f"{self.path} holds a study that goes {' and '.join(held)}; this "
+                             f"search goes {' and '.join(directions)}. Use another output_dir.")
         self._study_id = self.storage.get_study_id_from_name(STUDY_NAME)
 
     @contextlib.contextmanager
@@ -194,11 +196,19 @@ class StudyBook:
 
     # ------------------------------------------------------------------ telling
 
+    @property
+    def multi(self) -> bool:
+        """Several objectives (a Pareto front; no intermediate values)."""
+        return len(self.metrics) > 1
+
     def report(self, history: RunHistory) -> None:
         """The values of the metric at the chunk ends ``history``'s run reached, as its
         trial's intermediate values (those it has are left alone); a finished trial, or a run
-        without one (a clone), is left alone."""
-        values = {s: v for s, v in chunk_values(history, self.metric).items() if v == v}
+        without one (a clone), is left alone. Several objectives have none (Optuna prunes
+        on one)."""
+        if self.multi:
+            return
+        values = {s: v for s, v in chunk_values(history, self.metrics[0]).items() if v == v}
         if not values:
             return
         with self._locked():
@@ -218,15 +228,17 @@ class StudyBook:
         the search's distributions. Returns what was told, ``None`` if it was before."""
         optuna = self._optuna
         state_of = optuna.trial.TrialState
-        values = chunk_values(history, self.metric)
-        finite = {s: v for s, v in values.items() if v == v}
-        last = finite[max(finite)] if finite else None
-        if history.status == RunStatus.COMPLETED and last is not None:
-            state, value = state_of.COMPLETE, last
-        elif history.status in (RunStatus.STOPPED, RunStatus.DELETED) and last is not None:
-            state, value = state_of.PRUNED, None
+        finals = [_last_finite(chunk_values(history, m)) for m in self.metrics]
+        finite = {} if self.multi else _finite(chunk_values(history, self.metrics[0]))
+        last = finals[0]
+        values: list[float] | None = None
+        if history.status == RunStatus.COMPLETED and None not in finals:
+            state, values = state_of.COMPLETE, [v for v in finals if v is not None]
+        elif history.status in (RunStatus.STOPPED, RunStatus.DELETED) and any(
+                v is not None for v in finals):
+            state = state_of.PRUNED
         else:
-            state, value = state_of.FAIL, None
+            state = state_of.FAIL
         with self._locked():
             trial = self._by_run().get(history.name)
             if trial is not None:
@@ -240,19 +252,27 @@ class StudyBook:
                                                  history.status.value)
                 self.study.sampler = self.sampler_for(trial.number)
                 with quiet_optuna():
-                    self.study.tell(trial.number, value, state=state)
+                    self.study.tell(trial.number, values, state=state)
                 number = trial.number
             else:
-                number = self._add(history, state, value, finite)
+                number = self._add(history, state, values, finite)
                 if isinstance(number, str):
                     self._log("not told", history.name, "", number)
                     return f"not told: {number}"
-        shown = value if value is not None else last if state != state_of.FAIL else None
-        told = f"{state.name} {shown:.6g}" if shown is not None else state.name
+            front = self._front() if self.multi and state == state_of.COMPLETE else None
+        shown = values if values is not None else [last] if (
+            state != state_of.FAIL and last is not None and not self.multi) else None
+        told = state.name + ("" if shown is None else " " + ", ".join(f"{v:.6g}" for v in shown))
         self._log("told", history.name, number, told)
+        if front is not None:
+            self._log("front", "", "", " ".join(front))
         return f"trial {number}: {told}"
 
-    def _add(self, history: RunHistory, state: Any, value: float | None,
+    def _front(self) -> list[str]:
+        """The runs of the Pareto front: Optuna's best trials of a multi-objective study."""
+        return [t.user_attrs.get("run", f"trial {t.number}") for t in self.study.best_trials]
+
+    def _add(self, history: RunHistory, state: Any, final: list[float] | None,
              values: dict[int, float]) -> int | str:
         """A clone's result as a trial of its own; its number, or why it cannot be one."""
         optuna = self._optuna
@@ -265,9 +285,7 @@ class StudyBook:
         attrs = {"run": history.name, "status": history.status.value}
         if history.parent:
             attrs["clone_of"] = history.parent
-        if state == optuna.trial.TrialState.PRUNED and values:
-            value = None
-        trial = optuna.trial.create_trial(params=params, distributions=dists, value=value,
+        trial = optuna.trial.create_trial(params=params, distributions=dists, values=final,
                                           intermediate_values=values, user_attrs=attrs,
                                           state=state)
         self.study.add_trial(trial)
@@ -279,3 +297,13 @@ class StudyBook:
         """One row of ``search.csv``."""
         append_row(self.log_path, SEARCH_LOG_FIELDS, dict(zip(
             SEARCH_LOG_FIELDS, (f"{time.time():.3f}", event, run, trial, detail))))
+
+
+def _finite(values: Mapping[int, float]) -> dict[int, float]:
+    return {s: v for s, v in values.items() if v == v}
+
+
+def _last_finite(values: Mapping[int, float]) -> float | None:
+    """The value at the last chunk end with one that is not NaN."""
+    finite = _finite(values)
+    return finite[max(finite)] if finite else None
