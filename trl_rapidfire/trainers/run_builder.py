@@ -24,6 +24,7 @@ from ..runtime.workers import current_worker
 from ..search.searches import RunSpec, Search, SearchError
 from ..storage.layout import Layout, run_index
 from .generation_eval import GenerationEval
+from .per_run_trackers import one_stream_per_run
 from .run_trainer import copy_callbacks
 
 __all__ = ["RunBuilder"]
@@ -201,14 +202,23 @@ class RunBuilder:
             after = spec.config.to_dict()
             self.changed_in_place[spec.name] = [k for k, v in after.items()
                                                 if before.get(k) != v]
+        one_stream_per_run(trainer, self._stream_name(spec))
         return trainer
+
+    def _stream_name(self, spec: RunSpec) -> str:
+        """The run's name in trackers that name their runs (trackio): the experiment's (its
+        folder's, or the config's ``run_name``) and the run's."""
+        prefix = self.raw_args.get("run_name") or self.layout.output_dir.name
+        return f"{prefix}-{spec.name}"
 
     def _gang_trainer(self, spec: RunSpec) -> Any:
         """A gang run's trainer, as plain TRL builds it (it loads its own model), in the
         launch's world; accelerate's state stays as the trainer left it (its run's)."""
         with building_in(World.LAUNCH, spec.config):
-            return self.trainer_class(args=spec.config, rf_adapter=None, rf_owner=self.owner,
-                                      **self._trainer_kwargs(spec, spec.trainer_kwargs))
+            trainer = self.trainer_class(args=spec.config, rf_adapter=None, rf_owner=self.owner,
+                                         **self._trainer_kwargs(spec, spec.trainer_kwargs))
+        one_stream_per_run(trainer, self._stream_name(spec))
+        return trainer
 
     def _trainer_kwargs(self, spec: RunSpec, own: dict[str, Any]) -> dict[str, Any]:
         """A run's trainer arguments: the shared ones (the pool applies the quantization

@@ -21,6 +21,7 @@ from ..shared_state.store import StoreError
 from ..storage.layout import Layout
 from ..storage.names import UntrustedValue
 from .generation_eval import examples_of
+from .per_run_trackers import check_shared_trackers
 from .run_builder import RunBuilder
 from .run_trainer import copy_callbacks
 
@@ -104,6 +105,7 @@ def check_specs(specs: Sequence[RunSpec], shared_args: dict[str, Any], builder: 
                     "eval_strategy='chunk' (and pass eval_dataset=...) so that every run is "
                     f"evaluated at each chunk end, or {other}."
                 )
+    check_shared_trackers([spec.config for spec in specs])
     copy_callbacks(shared_args.get("callbacks"))  # fail before any model is loaded
 
 
