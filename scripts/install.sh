@@ -20,13 +20,16 @@ constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 cp constraints.txt "$constraints"
 
-if installed=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null); then
+# torch's version from its metadata: importing torch before numpy is there warns
+# ("Failed to initialize NumPy"), and takes seconds.
+torch_version='import importlib.metadata as m; print(m.version("torch").split("+")[0])'
+if installed=$("$PY" -c "$torch_version" 2>/dev/null); then
   echo "install: keeping the installed torch $installed"
 else
   version=${TORCH_VERSION:-2.13.0}
   echo "install: installing torch==$version"
   "$PY" -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==$version"
-  installed=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
+  installed=$("$PY" -c "$torch_version")
 fi
 # Pin torch to what is there now, so resolving the rest never swaps it.
 echo "torch==$installed" >> "$constraints"

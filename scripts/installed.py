@@ -19,7 +19,7 @@ def missing() -> str | None:
     try:
         from packaging.requirements import Requirement
     except ImportError:
-        return "packaging is not installed"
+        return "packaging is not installed yet"
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = list(project["dependencies"])
     for extra in ("test", "docs"):
@@ -37,13 +37,13 @@ def missing() -> str | None:
         try:
             version = md.version(req.name)
         except md.PackageNotFoundError:
-            return f"{req.name} is not installed"
+            return f"{req.name} is not installed yet"
         for spec in (req, pins.get(req.name.lower())):
             if spec is not None and not spec.specifier.contains(version, prereleases=True):
                 return f"{req.name} {version} does not satisfy {spec}"
     spec = importlib.util.find_spec("trl_rapidfire")
     if spec is None or spec.origin is None:
-        return "trl_rapidfire is not installed"
+        return "trl_rapidfire is not installed yet"
     if Path(spec.origin).resolve().parent != ROOT / "trl_rapidfire":
         return f"trl_rapidfire is installed from {Path(spec.origin).parent}, not this checkout"
     return None
@@ -52,5 +52,5 @@ def missing() -> str | None:
 if __name__ == "__main__":
     reason = missing()
     if reason is not None:
-        print(f"install: {reason}")
+        print(f"install: installing with pip ({reason})")
     sys.exit(0 if reason is None else 1)

@@ -179,3 +179,32 @@ def test_a_good_call_still_works_and_bugs_keep_their_traceback(store, capsys, mo
     monkeypatch.setattr(control, "deliver_op", broken)
     with pytest.raises(TypeError, match="a bug"):
         main(["stop", "run-1", "--uri", store])
+
+
+def test_status_cuts_a_long_op_answer_unless_asked_for_it_whole(tmp_path, capsys):
+    from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
+    from trl_rapidfire.cli import main as cli
+    from trl_rapidfire.testing import (
+        cpu_training_kwargs,
+        make_sft_dataset,
+        tiny_lora_config,
+        tiny_model_path,
+    )
+
+    out = tmp_path / "exp"
+    rf = RFSFTTrainer(model=tiny_model_path(), train_dataset=make_sft_dataset(8, seed=1),
+                      peft_config=tiny_lora_config(r=4),
+                      args=RFSFTConfig(output_dir=str(out), learning_rate=List([1e-3, 3e-3]),
+                                       num_chunks=2, per_device_train_batch_size=4,
+                                       **cpu_training_kwargs()))
+    rf.engine.queue_op("run-0", 'clone {"' + "x" * 300 + '": 1}')  # answered with a long error
+    rf.train()
+    answer = rf.op_log[0].result
+    assert answer.startswith("error:") and len(answer) > 300
+    capsys.readouterr()
+    assert cli(["status", "--output-dir", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert answer not in shown and answer[:59] + "…" in shown
+    assert max(len(line) for line in shown.splitlines() if line.startswith("run-")) < 120
+    assert cli(["status", "--output-dir", str(out), "--full"]) == 0
+    assert answer in capsys.readouterr().out

@@ -9,6 +9,7 @@ The browser test needs Chromium, its driver and Selenium (skipped without them).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -168,15 +169,21 @@ def test_a_missing_store_is_refused_in_one_line_and_nothing_is_created(tmp_path,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_a_stop_signal_leaves_no_process_and_create_starts_an_empty_store(tmp_path, signum):
+@pytest.mark.parametrize(("signum", "verbose"), [(signal.SIGTERM, False), (signal.SIGHUP, True)],
+                         ids=["SIGTERM", "SIGHUP-verbose"])
+def test_a_stop_signal_leaves_no_process_and_create_starts_an_empty_store(tmp_path, signum,
+                                                                          verbose):
+    import urllib.request
+
     db = tmp_path / "new" / "mlflow.db"
     port = free_port()
-    dash = Dashboard(["--port", str(port), "--uri", f"sqlite:///{db}", "--create"], tmp_path,
-                     tmp_path / "dashboard.log")
+    dash = Dashboard(["--port", str(port), "--uri", f"sqlite:///{db}", "--create",
+                      *(["--verbose"] if verbose else [])], tmp_path, tmp_path / "dashboard.log")
     try:
         # --create: an empty store, so no experiment to open: the UI's own home page.
         assert dash.url() == f"http://127.0.0.1:{port}"
+        for _ in range(3):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30).read()
         assert db.is_file()
         started = _started_by(dash.proc.pid)
         commands = " | ".join(started.values())
@@ -187,6 +194,16 @@ def test_a_stop_signal_leaves_no_process_and_create_starts_an_empty_store(tmp_pa
         left = _wait_until_gone(started)
         assert not left, {p: started[p] for p in left}
         assert _port_closed(port)
+        # The server's access log (a line per request) only when asked for.
+        printed, deadline = [], time.monotonic() + 10
+        while time.monotonic() < deadline:  # the reader thread may still be draining
+            with contextlib.suppress(queue.Empty):
+                printed.append(dash.lines.get(timeout=0.5))
+            logged = ((tmp_path / "dashboard.log").read_text() + "".join(printed)).count(
+                "GET /health")
+            if logged >= 3:
+                break
+        assert logged == (3 if verbose else 0), logged
     finally:
         dash.close()
 

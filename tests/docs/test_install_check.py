@@ -27,6 +27,14 @@ def test_a_missing_version_or_another_checkout_means_install(tmp_path):
     (tmp_path / "constraints.txt").write_text("filelock==0.0.1\n")
     out = _check(tmp_path)
     assert out.returncode == 1 and "filelock" in out.stdout and "0.0.1" in out.stdout
+    # Said as what install.sh does next, not as an error.
+    assert out.stdout.startswith("install: installing with pip (")
     shutil.copy(ROOT / "constraints.txt", tmp_path)
     out = _check(tmp_path)  # everything is there, but installed from another folder
     assert out.returncode == 1 and "not this checkout" in out.stdout
+
+
+def test_install_sh_reads_torchs_version_without_importing_it():
+    # Importing torch before numpy is installed warns "Failed to initialize NumPy".
+    script = (ROOT / "scripts" / "install.sh").read_text()
+    assert "import torch" not in script and 'm.version("torch")' in script

@@ -67,13 +67,17 @@ def test_a_notebook_stops_and_clones_while_the_experiment_trains(tmp_path):
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
-def test_wait_returns_none_on_timeout_and_raises_what_train_raised(tmp_path):
+def test_wait_says_it_timed_out_and_raises_what_train_raised(tmp_path):
     rf = _trainer(tmp_path / "exp", lrs=(1e-3,))
     with pytest.raises(RuntimeError, match="nothing to wait for"):
         rf.wait()
     rf.train(blocking=False)
-    assert rf.wait(timeout=0) is None or not rf.training
-    assert rf.wait() is not None
+    with pytest.raises(TimeoutError, match=r"still training after 0 s \(\d+ of \d+ chunks "
+                                           r"trained\); it trains on"):
+        rf.wait(timeout=0)
+    assert rf.training  # a timed-out wait leaves it training
+    out = rf.wait()
+    assert out is not None and out.global_step == rf.best_run.global_step
     # Bad arguments fail at once, as in a blocking call.
     with pytest.raises(ValueError, match="resume a whole experiment"):
         rf.train(blocking=False, resume_from_checkpoint="some/checkpoint")

@@ -34,6 +34,9 @@ _PROBE_TIMEOUT = 3.0
 # Commands that need the tracking store to answer (a report falls back to the files).
 _STORE_COMMANDS = frozenset({"status", "stop", "resume", "delete", "clone"})
 _CLIENT_COMMANDS = _STORE_COMMANDS | {"report"}
+# An op's text (an error can be hundreds of characters) as a status table shows it, so that
+# every line of the table stays readable; --full shows it whole, ops.csv and the tags hold it.
+_OP_CHARS = 60
 
 
 def _cmd_version(_: argparse.Namespace) -> int:
@@ -158,7 +161,13 @@ def _untracked(args: argparse.Namespace) -> bool:
     return is_untracked(args.output_dir)
 
 
-def _status_of_folder(output_dir: str) -> int:
+def _op_text(text: str, full: bool) -> str:
+    from ..reports.display import clip
+
+    return text if full else clip(text, _OP_CHARS, keep="head")
+
+
+def _status_of_folder(output_dir: str, full: bool = False) -> int:
     from ..control.folder_control import Inbox, alive, folder_runs
     from ..reports.display import table
     from ..reports.experiment_data import read_ops, read_search_log
@@ -168,8 +177,8 @@ def _status_of_folder(output_dir: str) -> int:
     last = {event.run: event.result for event in read_ops(layout.ops_log)}
     trials = {e.run: e.trial for e in read_search_log(layout.search_log) if e.trial}
     runs = folder_runs(output_dir)
-    rows = [[r.name, r.status.value, r.global_step, r.chunks_done, last.get(r.name, "")]
-            for r in runs]
+    rows = [[r.name, r.status.value, r.global_step, r.chunks_done,
+             _op_text(last.get(r.name, ""), full)] for r in runs]
     headers = ["run", "status", "steps", "chunks", "last op"]
     if trials:  # an adaptive search: which trial of its study each run is
         headers.insert(1, "trial")
@@ -202,7 +211,7 @@ def _print_front(output_dir: str | None) -> None:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     if _untracked(args):
-        return _status_of_folder(args.output_dir)
+        return _status_of_folder(args.output_dir, args.full)
     from ..reports.display import table
     from ..reports.report import format_value
     from .send import experiment_runs, find_experiment
@@ -216,8 +225,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
         tags, metrics = run.tags, run.metrics
         rows.append([tags.get("rapidfire.run"), tags.get("rapidfire.status", "-"),
                      tags.get("rapidfire.progress", "-"), format_value(metrics.get("loss")),
-                     format_value(metrics.get("eval_loss")), tags.get("rapidfire.op", ""),
-                     tags.get("rapidfire.op.result", "")])
+                     format_value(metrics.get("eval_loss")),
+                     _op_text(tags.get("rapidfire.op", ""), args.full),
+                     _op_text(tags.get("rapidfire.op.result", ""), args.full)])
         if proposed:
             when = tags.get("rapidfire.proposed_at", "")
             rows[-1][2:2] = [tags.get("rapidfire.trial", "-"),
@@ -268,7 +278,8 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
     # No store, a port taken, a server that died before answering: LookupError or OSError,
     # which main() says in one line.
-    return serve(args.uri or resolve_tracking_uri(), args.port, create=args.create)
+    return serve(args.uri or resolve_tracking_uri(), args.port, create=args.create,
+                 verbose=args.verbose)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -324,9 +335,13 @@ def build_parser(extra: Sequence[CommandRegistrar] = ()) -> argparse.ArgumentPar
     p.add_argument("--create", action="store_true",
                    help="start an empty store when there is none (without it, a missing "
                    "store is an error, so a dashboard started in the wrong folder says so)")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print the server's access log (a line per HTTP request)")
     p.set_defaults(func=_cmd_dashboard)
     p = sub.add_parser("status", help="a table of the runs of an experiment")
     _add_where(p)
+    p.add_argument("--full", action="store_true",
+                   help=f"op texts whole (by default cut to {_OP_CHARS} characters)")
     p.set_defaults(func=_cmd_status)
     for verb, text in (("stop", "stop RUN (state kept, resumable)"),
                        ("resume", "put a stopped RUN back into the rotation"),

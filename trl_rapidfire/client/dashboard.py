@@ -302,8 +302,9 @@ def _check_port(port: int) -> None:
                           "dashboard may be running there; choose a port with --port") from None
 
 
-def serve(uri: str, port: int = 5000, *, create: bool = False) -> int:
-    """Serve the MLflow UI for the store ``uri`` on ``127.0.0.1:port`` until a stop signal.
+def serve(uri: str, port: int = 5000, *, create: bool = False, verbose: bool = False) -> int:
+    """Serve the MLflow UI for the store ``uri`` on ``127.0.0.1:port`` until a stop signal
+    (the server's access log only with ``verbose``).
 
     Before the server starts, each MLflow experiment of the store holding trl-rapidfire runs
     gets the saved view :func:`runs_url` opens (one experiment tag, :func:`ensure_runs_view`).
@@ -347,7 +348,9 @@ def serve(uri: str, port: int = 5000, *, create: bool = False) -> int:
             env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
             proc = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-                 "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                 "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                 # One access-log line per request (the UI polls) drowns what matters.
+                 *([] if verbose else ["--uvicorn-opts", "--no-access-log"])],
                 env=env, start_new_session=True, preexec_fn=_die_with_parent())
             while not _answers(base_url):
                 if proc.poll() is not None:

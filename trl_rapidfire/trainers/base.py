@@ -162,9 +162,10 @@ class RFTrainerMixin:
 
     def wait(self, timeout: float | None = None) -> TrainOutput | None:
         """Wait for ``train(blocking=False)`` to end and return its result (the best run's
-        ``TrainOutput``), or raise its error. With ``timeout`` (seconds), returns ``None`` if
-        it is still training then. Interrupting the wait (Ctrl-C, a notebook's stop button)
-        asks the experiment to stop at its next chunk boundary, as Ctrl-C does in a script."""
+        ``TrainOutput``), or raise its error. With ``timeout`` (seconds), raises
+        ``TimeoutError`` if it is still training then (it trains on: wait again). Interrupting
+        the wait (Ctrl-C, a notebook's stop button) asks the experiment to stop at its next
+        chunk boundary, as Ctrl-C does in a script."""
         background = self._rf_background
         if background is None:
             raise RuntimeError("nothing to wait for: call train(blocking=False) first")
@@ -176,7 +177,10 @@ class RFTrainerMixin:
             thread.join()
             raise
         if thread.is_alive():
-            return None
+            raise TimeoutError(
+                f"still training after {timeout:g} s ({len(self.schedule)} of "
+                f"{self._rf_engine.total_chunks} chunks trained); it trains on: call wait() "
+                "again, or stop it")
         self._rf_background = None
         if "error" in outcome:
             raise outcome["error"]
