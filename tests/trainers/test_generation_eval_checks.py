@@ -160,3 +160,24 @@ def test_each_of_several_eval_sets_is_generated_for_under_its_own_name(tmp_path)
     assert saved == ["eval_chats-step-1.jsonl", "eval_chats-step-2.jsonl",
                      "eval_sums-step-1.jsonl", "eval_sums-step-2.jsonl"]
     assert len((folder / "eval_sums-step-2.jsonl").read_text().splitlines()) == 2
+
+
+def test_runs_that_read_an_eval_set_alike_read_it_once():
+    from trl_rapidfire.trainers.generation_eval import GenerationEval
+
+    class Counted(list):
+        reads = 0
+
+        def __iter__(self):
+            Counted.reads += 1
+            return super().__iter__()
+
+    rows = Counted([{"prompt": f"What is {i} plus 1?", "completion": str(i + 1)}
+                    for i in range(4)])
+    shared: dict = {}
+    runs = [GenerationEval.build(GREEDY, None, rows, reference_column="completion",
+                                 max_rows=None, saved_rows=0, shared_examples=shared)
+            for _ in range(3)]
+    got = [run.examples("eval") for run in runs]
+    assert Counted.reads == 1 and got[0] is got[1] is got[2]
+    assert [e.reference for e in got[0]] == ["1", "2", "3", "4"]

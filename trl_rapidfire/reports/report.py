@@ -15,8 +15,7 @@ from .display import ELLIPSIS, clip, table
 from .results import RunResult
 
 __all__ = ["chunk_timeline", "format_value", "knob_cells", "pareto_front", "results_table",
-           "search_rows",
-           "short_name"]
+           "search_rows", "short_name"]
 
 DEFAULT_COLUMNS = {"loss": "loss", "train_loss": "train_loss", "eval_loss": "eval_loss"}
 _SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz"

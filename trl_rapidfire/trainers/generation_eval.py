@@ -164,6 +164,8 @@ class GenerationEval:
         max_rows: generate for the first this many rows of each eval set (``None``: all).
         saved_rows: how many (prompt, answer, reference) rows of each evaluation are written
             to ``<run dir>/generations/``.
+        shared_examples: the eval rows read so far, by prefix: one dict shared by the runs
+            that read the same sets alike (same ``max_rows``), so each set is read once.
     """
 
     config: GenerationConfig
@@ -172,29 +174,33 @@ class GenerationEval:
     reference_column: str
     max_rows: int | None = None
     saved_rows: int = 8
-    _examples: dict[str, list[Example]] = field(default_factory=dict, repr=False)
+    shared_examples: dict[str, list[Example]] = field(default_factory=dict, repr=False)
+    # The prompts' token ids by prefix: the run's own (its tokenizer may be a knob's).
+    _prompt_ids: dict[str, list[list[int]]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, config: Any, scorer: Scorer | None, eval_dataset: Any, *,
-              reference_column: str, max_rows: int | None, saved_rows: int) -> GenerationEval:
+              reference_column: str, max_rows: int | None, saved_rows: int,
+              shared_examples: dict[str, list[Example]] | None = None) -> GenerationEval:
         """From the config fields as the user wrote them (a ``GenerationConfig``, a mapping of
         its fields or their JSON) and the eval set(s) given to the trainer."""
         datasets = ({f"eval_{k}": v for k, v in eval_dataset.items()}
                     if isinstance(eval_dataset, Mapping) else {"eval": eval_dataset})
         return cls(generation_config_from(config, "generation_config"), scorer, datasets,
-                   reference_column, max_rows, saved_rows)
+                   reference_column, max_rows, saved_rows,
+                   {} if shared_examples is None else shared_examples)
 
     def examples(self, prefix: str) -> list[Example] | None:
         """The rows evaluated under ``prefix`` (read once), or ``None`` for an eval set this
         run was not given (``trainer.evaluate(other_set)``)."""
         if prefix not in self.datasets or self.datasets[prefix] is None:
             return None
-        if prefix not in self._examples:
+        if prefix not in self.shared_examples:
             rows = self.datasets[prefix]
             if self.max_rows is not None:
                 rows = islice(rows, self.max_rows)
-            self._examples[prefix] = examples_of(rows, self.reference_column)
-        return self._examples[prefix]
+            self.shared_examples[prefix] = examples_of(rows, self.reference_column)
+        return self.shared_examples[prefix]
 
     def run(self, trainer: Any, prefix: str) -> dict[str, float]:
         """Generate for the eval set of ``prefix`` with ``trainer``'s model and score the
@@ -203,8 +209,11 @@ class GenerationEval:
         if not examples:
             return {}
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
-        template = getattr(trainer, "chat_template", None)
-        ids = [prompt_ids(tokenizer, e.prompt, template) for e in examples]
+        if prefix not in self._prompt_ids:  # tokenized once per run, not at every evaluation
+            template = getattr(trainer, "chat_template", None)
+            self._prompt_ids[prefix] = [prompt_ids(tokenizer, e.prompt, template)
+                                        for e in examples]
+        ids = self._prompt_ids[prefix]
         step = int(trainer.state.global_step)
         started = time.perf_counter()
         with trainer.autocast_smart_context_manager():

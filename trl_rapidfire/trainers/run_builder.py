@@ -71,6 +71,8 @@ class RunBuilder:
         # The config fields each run's TRL trainer changed in place while it was built (GRPO
         # on streamed data: dataloader_num_workers, accelerator_config).
         self.changed_in_place: dict[str, list[str]] = {}
+        # The eval rows a generation eval reads, by its row limit: read once for all runs.
+        self._eval_examples: dict[int | None, dict[str, Any]] = {}
 
     def strategy(self, spec: RunSpec, name: str) -> Any:
         """The run's ``eval_strategy``/``save_strategy`` as the user wrote it (``"chunk"`` is
@@ -87,11 +89,12 @@ class RunBuilder:
         value = self.setting(spec, "generation_config")
         if value is None:
             return None
+        max_rows = self.setting(spec, "generation_eval_rows")
         return GenerationEval.build(
             value, scorer, self.shared.get("eval_dataset"),
             reference_column=getattr(self.trainer_class, "rf_reference_column", "completion"),
-            max_rows=self.setting(spec, "generation_eval_rows"),
-            saved_rows=self.setting(spec, "generation_saved_rows"),
+            max_rows=max_rows, saved_rows=self.setting(spec, "generation_saved_rows"),
+            shared_examples=self._eval_examples.setdefault(max_rows, {}),
         )
 
     # ------------------------------------------------------------------ building a run

@@ -183,12 +183,16 @@ class OptunaSearch(AdaptiveSearch):
         return {"metric": list(self.metrics), "direction": list(self.directions)}
 
 
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    """One value (a string included) or a list of them, as a tuple."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return tuple(value)
+    return (value,)
+
+
 def _objectives(metric: Any, direction: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The search's metrics and directions, checked: as many of one as of the other."""
-    metrics = (metric,) if isinstance(metric, str) else tuple(metric) if isinstance(
-        metric, Sequence) else (metric,)
-    directions = (direction,) if isinstance(direction, str) else tuple(direction) if isinstance(
-        direction, Sequence) else (direction,)
+    metrics, directions = _as_tuple(metric), _as_tuple(direction)
     if not metrics or any(not isinstance(m, str) or not m for m in metrics):
         raise SearchError(f"OptunaSearch metric must be a logged metric's name (e.g. "
                           f"'eval_loss'), or a list of them, got {metric!r}.")

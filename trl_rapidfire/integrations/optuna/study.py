@@ -208,7 +208,7 @@ class StudyBook:
         on one)."""
         if self.multi:
             return
-        values = {s: v for s, v in chunk_values(history, self.metrics[0]).items() if v == v}
+        values = _finite(chunk_values(history, self.metrics[0]))
         if not values:
             return
         with self._locked():
