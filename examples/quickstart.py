@@ -9,12 +9,15 @@ Runs offline on a CPU: the model is the tiny 2-layer Llama built locally by
 tracked in MLflow (``./mlflow.db`` unless ``MLFLOW_TRACKING_URI`` says otherwise); at the end
 the script prints the runs, the best one, and the command that opens the dashboard, where
 each run is an MLflow run whose tags steer it. On a GPU with a real model, pass ``--model``.
+
+The experiment's folder is ``./outputs/quickstart`` (``--output-dir`` for another), the same on
+every run of the script: running it again continues the experiment where it stopped (a Ctrl-C,
+a crash) and trains nothing it finished. To start over, delete the folder or pass a new one.
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,13 +26,18 @@ from peft import LoraConfig
 from trl_rapidfire import GridSearch, List, RandomSearch, Range, RFSFTConfig
 from trl_rapidfire.reports.display import table
 
+# Relative to where the script is run (as ./mlflow.db is): a fixed folder, so that a second run
+# continues the first instead of starting a new experiment.
+OUTPUT_DIR = "outputs/quickstart"
+
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--random", type=int, metavar="N", help="random search with N draws")
     parser.add_argument("--dry-run", action="store_true", help="show the runs, train nothing")
     parser.add_argument("--model", help="a Hub name or path (default: the tiny offline model)")
-    parser.add_argument("--output-dir", help="experiment folder (default: a new temp folder)")
+    parser.add_argument("--output-dir", default=OUTPUT_DIR,
+                        help=f"experiment folder (default: ./{OUTPUT_DIR}; a re-run continues it)")
     return parser.parse_args(argv)
 
 
@@ -44,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
                             task_type="CAUSAL_LM")
     lrs = [3e-3, 3e-4] if tiny else [2e-4, 1e-5]
     config = RFSFTConfig(
-        output_dir=args.output_dir or tempfile.mkdtemp(prefix="rapidfire-quickstart-"),
+        output_dir=args.output_dir,
         learning_rate=(Range(min(lrs), max(lrs), log=True) if args.random else List(lrs)),
         lr_scheduler_type=List(["linear", "cosine"]),
         per_device_train_batch_size=4,
@@ -93,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> Any:
         url = runs_url("http://127.0.0.1:5000", tracker.experiment_id)
         print(f"Dashboard: trl-rapidfire dashboard   then open {url}")
     print(f"Report:    trl-rapidfire report {config.output_dir} --out report")
+    print("Again:     the same command continues this experiment (nothing finished is trained "
+          f"again);\n           to start over, delete {config.output_dir} or pass --output-dir NEW")
     return trainer
 
 

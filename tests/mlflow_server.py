@@ -38,14 +38,16 @@ def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 120) -> Non
 
 
 @contextlib.contextmanager
-def mlflow_server(db: Path) -> Iterator[str]:
-    """``mlflow server`` on 127.0.0.1 (one worker, no job runner, sqlite at ``db``), as the
-    dashboard command starts it; yields its URL once ``/health`` answers, stops it after."""
+def mlflow_server(db: Path, app_name: str | None = None) -> Iterator[str]:
+    """``mlflow server`` on 127.0.0.1 (one worker, no job runner, sqlite at ``db``, with the
+    app plugin ``app_name`` if given), as the dashboard command starts it; yields its URL once
+    ``/health`` answers, stops it after."""
     port = free_port()
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}",
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         *(["--app-name", app_name] if app_name else [])],
         env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"

@@ -78,3 +78,46 @@ def test_quickstart_shows_its_runs(argv, monkeypatch, tmp_path, capsys):
     expected = 4 if "--random" in argv else 8
     assert f"{expected} runs" in out and f"run-{expected - 1}" in out
     assert not (tmp_path / "mlflow.db").exists()  # nothing trained, nothing tracked
+
+
+def test_status_knob_columns_are_the_knobs_that_differ_a_few_and_cut():
+    from trl_rapidfire.client.experiments import KNOB_CHARS, KNOB_COLUMNS, knob_columns
+
+    lora = "LoraConfig(r={}, alpha=16, targets=['q_proj', 'k_proj', 'v_proj', 'o_proj'])"
+    runs = [{"learning_rate": lr, "seed": 0, "peft_config": lora.format(r),
+             **{f"knob_{k}": k * i for k in range(8)}}
+            for i, (lr, r) in enumerate([(1e-3, 8), (3e-4, 32)])]
+    cols = knob_columns(runs)
+    assert cols.names[:2] == ["learning_rate", "peft_config"]  # seed is the same: no column
+    assert len(cols.names) == KNOB_COLUMNS and cols.hidden == 9 - KNOB_COLUMNS
+    assert [row[0] for row in cols.cells] == ["0.001", "0.0003"]
+    assert all(len(cell) <= KNOB_CHARS for row in cols.cells for cell in row)
+    assert cols.cells[0][1] != cols.cells[1][1]  # cut in the middle: still told apart
+    whole = knob_columns(runs, full=True)
+    assert len(whole.names) == 9 and whole.hidden == 0 and whole.cells[1][1] == lora.format(32)
+    # MLflow params: a param holding the run's own name (its output_dir) is no knob.
+    params = [{"learning_rate": "0.001", "output_dir": "out/runs/run-0"},
+              {"learning_rate": "0.003", "output_dir": "out/runs/run-1"}]
+    assert knob_columns(params, ["run-0", "run-1"]).names == ["learning_rate"]
+
+
+def test_quickstart_run_again_continues_its_experiment(monkeypatch, tmp_path, capsys):
+    """Its folder is ./outputs/quickstart, not a new temporary one: the second run trains
+    nothing, says it continues, and the first says how to start over."""
+    from trl_rapidfire.storage.schedule import read_schedule_csv
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # ./mlflow.db, as a person has
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    quickstart = runpy.run_path(str(ROOT / "examples/quickstart.py"))
+    quickstart["main"](["--random", "2"])  # 2 runs, not 8: the same script, cheaper
+    first = capsys.readouterr().out
+    folder = tmp_path / "outputs" / "quickstart"
+    rows = read_schedule_csv(folder / "schedule.csv")
+    assert len(rows) == 16 and (folder / ".rapidfire").is_dir()
+    assert "continuing" not in first
+    assert "continues this experiment" in first and "--output-dir NEW" in first
+    quickstart["main"](["--random", "2"])
+    again = capsys.readouterr().out
+    assert "continuing: 16 of 16 chunks done; nothing left to train" in again
+    assert read_schedule_csv(folder / "schedule.csv") == rows  # no chunk trained again

@@ -206,5 +206,11 @@ def test_status_cuts_a_long_op_answer_unless_asked_for_it_whole(tmp_path, capsys
     shown = capsys.readouterr().out
     assert answer not in shown and answer[:59] + "…" in shown
     assert max(len(line) for line in shown.splitlines() if line.startswith("run-")) < 120
+    # The knob that differs between the runs is a column (from the folder's shared state).
+    header = next(line for line in shown.splitlines() if line.startswith("run "))
+    assert header.split() == ["run", "status", "steps", "chunks", "learning_rate", "last", "op"]
+    column = header.index("learning_rate")
+    assert [line[column:].split()[0] for line in shown.splitlines()
+            if line.startswith("run-")] == ["0.001", "0.003"]
     assert cli(["status", "--output-dir", str(out), "--full"]) == 0
     assert answer in capsys.readouterr().out

@@ -47,6 +47,15 @@ def test_status_prints_every_run(experiment, capsys):
     out = capsys.readouterr().out
     assert "experiment 'exp'" in out
     assert "run-0" in out and "run-1" in out and "completed" in out and "step 2/2" in out
+    # The knob that differs is a column, each run's value in it (from its MLflow params; the
+    # per-run output_dir differs too, and is no knob); the progress counts the run's chunks.
+    header = next(line for line in out.splitlines() if line.startswith("run "))
+    assert header.split() == ["run", "status", "progress", "loss", "eval_loss",
+                              "learning_rate", "pending", "op", "last", "op"]
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("run-")}
+    column = header.index("learning_rate")
+    assert [rows[r][column:].split()[0] for r in ("run-0", "run-1")] == ["0.001", "0.003"]
+    assert "done 2/2 (step 2/2)" in rows["run-0"]
     assert main(["status", "--uri", uri, "--output-dir", str(tmp / "exp")]) == 0
     found = find_experiment(uri=uri, experiment="exp")
     assert found.rf_experiment == rf.engine.tracker.rf_experiment

@@ -16,12 +16,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from browser import chromium, wait_for_rows
+from dashboard_process import Dashboard, env_without_uri
 from mlflow_server import free_port
 
 from trl_rapidfire.client.dashboard import local_store_path, runs_url, runs_view_state
@@ -30,52 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "docs" / "img" / "dashboard_runs.png"
 STATUSES = ["completed", "completed", "running", "stopped", "pending", "running", "failed",
             "completed"]
-_STARTUP = 300  # seconds: a busy CI machine takes a while to start mlflow server
 
 
 # ------------------------------------------------------------------ helpers
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env.update(extra)
-    return env
-
-
-class Dashboard:
-    """``trl-rapidfire dashboard`` in a process of its own, its output read as it comes."""
-
-    def __init__(self, args: list[str], cwd: Path, log: Path) -> None:
-        self._log = log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trl_rapidfire.client.cli", "dashboard", *args], cwd=cwd,
-            env=_env(), stdout=subprocess.PIPE, stderr=self._log, text=True,
-            start_new_session=True)  # the test, not a terminal, signals it
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-
-    def url(self) -> str:
-        """The URL of the line that says the UI answers."""
-        deadline = time.monotonic() + _STARTUP
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=1)
-            except queue.Empty:
-                assert self.proc.poll() is None, f"the dashboard ended: {self.proc.returncode}"
-                continue
-            if line.startswith("MLflow UI: "):
-                return line.split()[2]
-        pytest.fail("the dashboard never said its UI answers")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        self._log.close()
 
 
 def _processes() -> dict[int, tuple[int, int, str]]:
@@ -152,7 +109,7 @@ def test_a_missing_store_is_refused_in_one_line_and_nothing_is_created(tmp_path,
             " rc = main(['dashboard', *sys.argv[1:]]);"
             " print(sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules));"
             " sys.exit(rc)")
-    done = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=_env(),
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env_without_uri(),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout.strip() == "[]"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from mlflow.entities import Metric, RunTag
+from mlflow.entities import Metric, Param, RunTag
 from mlflow_server import mlflow_server
 
 from trl_rapidfire.client.tracked_runs import (
@@ -40,6 +40,7 @@ def _fill(uri: str) -> None:
             client.log_batch(run.info.run_id, metrics=[
                 Metric("loss", 2.0 - i, 0, 5), Metric("loss", 9.0, 0, 1),
                 Metric("eval_loss", math.nan if i == 1 else 0.5 * i, 0, 3)],
+                params=[Param("learning_rate", str(10.0 ** -i)), Param("note", "it's")],
                 tags=[RunTag("note", "it's")])  # a quote in a value read back
             if i == 2:
                 client.set_terminated(run.info.run_id, "FAILED")
@@ -54,7 +55,8 @@ def _same(got, want) -> None:
     """TrackedRun lists equal, NaN metrics included (NaN != NaN in a dataclass compare)."""
     def key(run):
         return (run.run_id, run.experiment_id, run.status, run.start_time, dict(run.tags),
-                {k: "nan" if math.isnan(v) else v for k, v in run.metrics.items()})
+                {k: "nan" if math.isnan(v) else v for k, v in run.metrics.items()},
+                dict(run.params))
 
     assert [key(r) for r in got] == [key(r) for r in want]
 
@@ -90,6 +92,8 @@ def test_the_sqlite_reader_answers_as_mlflow_does_and_its_tag_is_mlflows(tmp_pat
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     fast, run = _filled_and_compared(uri, SqliteCatalog)
     assert math.isnan(run.metrics["eval_loss"]) and run.metrics["loss"] == 1.0  # latest step
+    mine = fast.runs([run.experiment_id], {"rapidfire.run": "run-1"})[0]
+    assert mine.params == {"learning_rate": "0.1", "note": "it's"}  # status's knob columns
     fast.set_tag(run.run_id, "rapidfire.op", "stop")
     fast.set_tag(run.run_id, "rapidfire.op", 'clone {"learning_rate": 0.1}')  # replaced
     assert MlflowClient(uri).get_run(run.run_id).data.tags["rapidfire.op"] == (

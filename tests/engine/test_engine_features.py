@@ -230,6 +230,40 @@ def test_progress_bar_and_runs_table(model_path, tmp_path, capsys):
     assert "learning_rate=0.002" in text
 
 
+def test_a_tables_chunk_count_agrees_with_its_rows_while_checkpoints_are_written(
+        model_path, tmp_path, capsys, monkeypatch):
+    """A chunk is recorded once its checkpoint is on disk, in the background, while the next
+    run trains: the header counted recorded chunks only, and read ``chunks 1/6`` above two runs
+    at step 1 of 1-step chunks. It counts what the rows show."""
+    import re
+    import time
+
+    import trl_rapidfire.engine.turns as turns
+
+    written = turns.prune_checkpoints
+
+    def slow(*args, **kwargs):  # a slow disk: the write outlasts the next run's chunk
+        time.sleep(0.5)
+        return written(*args, **kwargs)
+
+    monkeypatch.setattr(turns, "prune_checkpoints", slow)
+    rf = RFSFTTrainer(
+        model=model_path,
+        args=RFSFTConfig(output_dir=str(tmp_path), num_chunks=2, max_steps=2,
+                         checkpoint_every="chunk", learning_rate=List([1e-3, 2e-3, 3e-3]),
+                         **dict(BASE, disable_tqdm=False)),
+        train_dataset=make_sft_dataset(16),
+        peft_config=tiny_lora_config(r=4),
+    )
+    rf.train()
+    tables = capsys.readouterr().out.split("chunks ")[1:]
+    assert tables and tables[-1].startswith("6/6 (all runs)\n")
+    for table in tables:  # 1 step a chunk: the chunks done are the rows' steps
+        done = int(re.match(r"(\d+)/6 \(all runs\)\n", table).group(1))
+        steps = [int(line.split()[2]) for line in table.splitlines() if line.startswith("run-")]
+        assert done == sum(steps), table
+
+
 def test_resume_from_a_checkpoint_path_is_a_clear_error_and_train_again_is_a_no_op(model_path,
                                                                                   tmp_path):
     rf = RFSFTTrainer(model=model_path, train_dataset=make_sft_dataset(8), peft_config=

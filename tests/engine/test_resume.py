@@ -212,3 +212,27 @@ def test_a_run_whose_checkpoint_is_gone_fails_alone_with_the_reason(tmp_path):
     runs = {r.name: r for r in second.runs}
     assert runs["run-0"].status == RunStatus.COMPLETED
     assert runs["run-1"].status == RunStatus.FAILED and "no checkpoint" in runs["run-1"].error
+
+
+def test_a_rerun_says_what_it_continues_and_a_first_run_does_not(tmp_path, capsys):
+    """A re-run's bar would just jump to the chunks done: one line says the call continues."""
+    out = tmp_path / "exp"
+    # 1 epoch of 12 steps in 3 chunks, 2 runs: 6 chunks. Ctrl-C in run-0's second chunk.
+    quick = dict(num_train_epochs=1, disable_tqdm=False)
+    first = _session(out, callbacks=[_CtrlC(1e-3, 6)], **quick)
+    with pytest.raises(KeyboardInterrupt):
+        first.train()
+    printed = capsys.readouterr()
+    assert "continuing" not in printed.out + printed.err
+    done = len(read_schedule_csv(out / "schedule.csv"))
+    assert 0 < done < 6
+
+    _session(out, **quick).train()
+    printed = capsys.readouterr().out
+    assert printed.count(f"continuing: {done} of 6 chunks done\n") == 1, printed
+    assert "nothing left" not in printed
+
+    rows = read_schedule_csv(out / "schedule.csv")
+    _session(out, **quick).train()  # finished: nothing is trained, and it says so
+    assert "continuing: 6 of 6 chunks done; nothing left to train\n" in capsys.readouterr().out
+    assert read_schedule_csv(out / "schedule.csv") == rows

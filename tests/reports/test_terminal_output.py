@@ -80,9 +80,11 @@ def test_not_a_terminal_prints_a_handful_of_tables_for_many_boundaries():
     view.close()
     tables = out.getvalue().count("knobs")
     assert 4 <= tables <= 10, tables
-    # The last table is the final state.
+    # The last table is the final state; its header says the count is of all runs together
+    # (the rows' steps are each run's own).
     last = out.getvalue().rsplit("chunks ", 1)[1]
-    assert last.startswith(f"{total}/{total}") and last.count("completed") == 8
+    assert last.startswith(f"{total}/{total} (all runs)\n") and last.count("completed") == 8
+    assert "continuing" not in out.getvalue()  # a first train() call continues nothing
 
 
 def test_not_a_terminal_prints_the_table_when_a_run_ends():
@@ -128,3 +130,47 @@ def test_disabled_shows_nothing(capsys):
     view.chunk_done(_runs(2, 1), 1)
     view.close()
     assert view.mode == "off" and capsys.readouterr().out == ""
+
+
+def test_a_call_that_continues_says_so_once_in_a_log():
+    out = io.StringIO()
+    view = ExperimentProgress(24, stream=out)
+    view.begin(3)
+    view.chunk_done(_runs(2, 4), 4)
+    view.close()
+    assert out.getvalue().count("continuing: 3 of 24 chunks done\n") == 1
+    assert "nothing left" not in out.getvalue()
+    # Everything done: the call returns at once, and says why.
+    out = io.StringIO()
+    view = ExperimentProgress(24, stream=out)
+    view.set_total(26)  # a clone an earlier session added
+    view.begin(26)
+    view.close()
+    assert out.getvalue() == "continuing: 26 of 26 chunks done; nothing left to train\n"
+    # A first call (nothing done yet) prints no such line.
+    out = io.StringIO()
+    view = ExperimentProgress(24, stream=out)
+    view.begin(0)
+    view.close()
+    assert out.getvalue() == ""
+
+
+def test_a_call_that_continues_says_so_above_the_live_view(monkeypatch, capsys):
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setenv("COLUMNS", str(COLS))
+    monkeypatch.setenv("LINES", str(ROWS))
+    term = _Terminal()
+    view = ExperimentProgress(8, stream=term)
+    assert view.mode == "live"
+    view.begin(5)
+    for done in range(6, 9):
+        view.chunk_done(_runs(2, done), done)
+    view.close()
+    lines = screen(term.getvalue())
+    assert lines.count("continuing: 5 of 8 chunks done") == 1, lines
+    assert any("8/8" in line and "chunks (all runs)" in line for line in lines), lines
+    # Disabled (a worker other than the first, disable_tqdm): nothing.
+    quiet = ExperimentProgress(8, enabled=False)
+    quiet.begin(5)
+    quiet.close()
+    assert capsys.readouterr().out == ""

@@ -75,7 +75,7 @@ def test_metrics_params_and_tags_land_in_sqlite_and_a_rerun_continues_the_same_r
         assert run.info.status == "FINISHED"
         assert run.data.tags["rapidfire.status"] == "completed"
         assert run.data.tags["mlflow.parentRunId"] == tracker.parent_run_id
-        assert run.data.tags["rapidfire.progress"] == "epoch 1/1 chunk 4/4 step 8/8"
+        assert run.data.tags["rapidfire.progress"] == "done 4/4 (step 8/8)"
         assert float(run.data.params["learning_rate"]) in (1e-3, 3e-3)
         history = client.get_metric_history(run.info.run_id, "loss")
         assert sorted(m.step for m in history) == list(range(1, 9))  # one point per step
@@ -244,3 +244,23 @@ def test_points_missing_before_later_steps_are_logged_once_on_a_rerun(tmp_path):
     second.close()
     steps = sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, "loss"))
     assert steps == list(range(1, 17))
+
+
+def test_the_progress_tag_counts_the_runs_chunks_over_all_its_epochs():
+    from types import SimpleNamespace
+
+    from trl_rapidfire.engine.chunks import plan_chunks
+    from trl_rapidfire.engine.reporting import progress_text
+
+    plan = plan_chunks(steps_per_epoch=40, total_steps=80, num_chunks=4)  # 8 chunks of 10
+
+    def text(step, status=RunStatus.RUNNING):
+        state = SimpleNamespace(global_step=step, status=status)
+        return progress_text(SimpleNamespace(plan=plan, state=state, trainer=object()))
+
+    assert text(0, RunStatus.PENDING) == "chunk 0/8 (epoch 1/2, step 0/80)"
+    assert text(30) == "chunk 3/8 (epoch 1/2, step 30/80)"
+    # The first epoch just ended: its last chunk, not "epoch 2/2 chunk 0/4".
+    assert text(40) == "chunk 4/8 (epoch 1/2, step 40/80)"
+    assert text(50, RunStatus.STOPPED) == "chunk 5/8 (epoch 2/2, step 50/80)"
+    assert text(80, RunStatus.COMPLETED) == "done 8/8 (step 80/80)"

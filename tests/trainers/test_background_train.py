@@ -20,12 +20,12 @@ from trl_rapidfire.testing import (
 )
 
 
-def _trainer(out, lrs=(1e-3, 3e-3, 1e-2)):
+def _trainer(out, lrs=(1e-3, 3e-3, 1e-2), **more):
     return RFSFTTrainer(
         model=tiny_model_path(),
         args=RFSFTConfig(output_dir=str(out), learning_rate=List(list(lrs)), num_chunks=4,
                          per_device_train_batch_size=4, num_train_epochs=1,
-                         **cpu_training_kwargs()),
+                         **{**cpu_training_kwargs(), **more}),
         train_dataset=make_sft_dataset(48, seed=1),
         peft_config=tiny_lora_config(r=4),
     )
@@ -103,3 +103,34 @@ def test_what_fails_in_the_background_is_raised_by_wait(tmp_path):
         with pytest.raises(RunFailure, match=r"(?s)Every run failed:.*boom"):
             rf.wait()
     assert not rf.training
+
+
+def test_a_stopped_run_is_never_best_over_a_completed_one(tmp_path):
+    rf = _trainer(tmp_path / "exp", lrs=(1e-3, 3e-3), logging_steps=1)
+    rf.train(blocking=False)
+    _until(lambda: len(rf.schedule) >= 2)
+    rf.stop("run-1")
+    out = rf.wait()
+    runs = {r.name: r for r in rf.runs}
+    assert runs["run-1"].status == RunStatus.STOPPED
+    assert runs["run-1"].global_step < runs["run-0"].global_step
+    # Whichever way the metric points, make the stopped run the better one by it: the
+    # completed run is still the best, and train()/wait() returned its output.
+    stopped_higher = runs["run-1"].metrics["loss"] > runs["run-0"].metrics["loss"]
+    rf.args.metric_for_best_model, rf.args.greater_is_better = "loss", stopped_higher
+    assert rf.best_run.name == "run-0", (runs, rf.args.metric_for_best_model)
+    assert out.global_step == runs["run-0"].global_step
+
+
+def test_wait_returns_where_a_stopped_best_run_got_to(tmp_path):
+    rf = _trainer(tmp_path / "exp", lrs=(1e-3,), logging_steps=1)
+    rf.train(blocking=False)
+    _until(lambda: len(rf.schedule) >= 1)
+    rf.stop("run-0")
+    out = rf.wait()  # was None: the only (best) run never finished its train()
+    (run,) = rf.runs
+    assert run.status == RunStatus.STOPPED and out is not None
+    assert out.global_step == run.global_step < 12
+    history = rf.run_trainer("run-0").state.log_history
+    losses = [e["loss"] for e in history if "loss" in e]
+    assert out.training_loss == pytest.approx(sum(losses) / len(losses))

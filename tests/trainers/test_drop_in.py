@@ -344,3 +344,30 @@ def test_grpo_on_streamed_data_and_without_a_reward_source_behaves_as_trl(tmp_pa
         for cls, config in ((GRPOTrainer, GRPOConfig), (RFGRPOTrainer, RFGRPOConfig))]
     assert type(errors[0]) is type(errors[1]) and str(errors[0]) in str(errors[1])
     assert "reward" in str(errors[0]).lower()
+
+
+def test_after_init_the_process_accelerate_state_is_the_trainers_as_in_plain_trl(tmp_path):
+    """Rough edge (issue 36): TRL's own GRPO tests call a trainer method needing accelerate's
+    state (``_get_per_token_logps_and_entropies``) right after ``__init__``; an RF trainer's
+    ``__init__`` left the state empty, so it failed where plain TRL's worked."""
+    from accelerate.state import AcceleratorState
+
+    from trl_rapidfire.runtime.accelerate_state import restore_accelerate_state
+
+    for side, cls, config in (("plain", SFTTrainer, SFTConfig),
+                              ("rf", RFSFTTrainer, RFSFTConfig)):
+        restore_accelerate_state([{}, {}, {}])  # a fresh process: nothing initialised
+        trainer = cls(model=tiny_model_path(), train_dataset=make_sft_dataset(8),
+                      peft_config=tiny_lora_config(r=4),
+                      args=config(output_dir=str(tmp_path / side), max_steps=1, **COMMON))
+        # What the method reads: the state's device and distributed type.
+        assert AcceleratorState().distributed_type.value == "NO", side
+        batch = trainer.data_collator([trainer.train_dataset[0], trainer.train_dataset[1]])
+        loss = trainer.compute_loss(trainer.model, trainer._prepare_inputs(batch))
+        assert torch.isfinite(loss), side
+
+
+def test_an_rf_trainer_built_without_init_names_the_missing_attribute():
+    trainer = object.__new__(RFSFTTrainer)
+    with pytest.raises(AttributeError, match="'RFSFTTrainer' object has no attribute 'model'"):
+        _ = trainer.model

@@ -8,6 +8,7 @@ Commands:
   stop|resume|delete RUN  control ops (applied by the experiment at its next chunk boundary)
   clone RUN --set K=V     a new run from RUN's knobs plus overrides (--warm: from its weights)
   report OUTPUT_DIR       PNG plots and a markdown summary of an experiment (--out DIR)
+  doctor                  before a long run: the stack, devices, accelerate, disk, tracking
 
 The op commands only set the run tag ``rapidfire.op``, exactly as the MLflow UI's tag editor
 does; the training process applies it, removes it and writes ``rapidfire.op.result`` and
@@ -172,14 +173,16 @@ def _status_of_folder(output_dir: str, full: bool = False) -> int:
     from ..reports.display import table
     from ..reports.experiment_data import read_ops, read_search_log
     from ..storage.layout import Layout
+    from .experiments import knob_columns
 
     layout = Layout(output_dir)
     last = {event.run: event.result for event in read_ops(layout.ops_log)}
     trials = {e.run: e.trial for e in read_search_log(layout.search_log) if e.trial}
     runs = folder_runs(output_dir)
-    rows = [[r.name, r.status.value, r.global_step, r.chunks_done,
-             _op_text(last.get(r.name, ""), full)] for r in runs]
-    headers = ["run", "status", "steps", "chunks", "last op"]
+    knobs = knob_columns([r.knobs for r in runs], full=full)
+    rows = [[r.name, r.status.value, r.global_step, r.chunks_done, *cells,
+             _op_text(last.get(r.name, ""), full)] for r, cells in zip(runs, knobs.cells)]
+    headers = ["run", "status", "steps", "chunks", *knobs.names, "last op"]
     if trials:  # an adaptive search: which trial of its study each run is
         headers.insert(1, "trial")
         for r, row in zip(runs, rows):
@@ -190,10 +193,16 @@ def _status_of_folder(output_dir: str, full: bool = False) -> int:
     waiting = Inbox(layout).waiting() if who else 0
     print(f"experiment in {output_dir} (not tracked in MLflow, {state}{where})")
     print(table(headers, rows))
+    _print_hidden(knobs.hidden)
     _print_front(output_dir)
     if waiting:
         print(f"{waiting} op(s) waiting for the next chunk boundary")
     return 0
+
+
+def _print_hidden(hidden: int) -> None:
+    if hidden:
+        print(f"{hidden} more knob(s) differ between the runs (--full shows every knob)")
 
 
 def _print_front(output_dir: str | None) -> None:
@@ -214,18 +223,22 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return _status_of_folder(args.output_dir, args.full)
     from ..reports.display import table
     from ..reports.report import format_value
+    from .experiments import knob_columns
     from .send import experiment_runs, find_experiment
 
     exp = find_experiment(**_where(args))
     rows = []
     runs = experiment_runs(exp)
+    # The knobs are in each run's params, among its whole config: those that differ.
+    knobs = knob_columns([dict(sorted(run.params.items())) for run in runs],
+                         [run.tags.get("rapidfire.run", "") for run in runs], full=args.full)
     # An adaptive search's runs: which trial each is, and when the sampler proposed it.
     proposed = any("rapidfire.trial" in run.tags for run in runs)
-    for run in runs:
+    for run, cells in zip(runs, knobs.cells):
         tags, metrics = run.tags, run.metrics
         rows.append([tags.get("rapidfire.run"), tags.get("rapidfire.status", "-"),
                      tags.get("rapidfire.progress", "-"), format_value(metrics.get("loss")),
-                     format_value(metrics.get("eval_loss")),
+                     format_value(metrics.get("eval_loss")), *cells,
                      _op_text(tags.get("rapidfire.op", ""), args.full),
                      _op_text(tags.get("rapidfire.op.result", ""), args.full)])
         if proposed:
@@ -233,10 +246,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
             rows[-1][2:2] = [tags.get("rapidfire.trial", "-"),
                              when.replace("T", " ")[:19] if when else "-"]
     print(f"experiment {exp.describe()} in {exp.uri}")
-    headers = ["run", "status", "progress", "loss", "eval_loss", "pending op", "last op"]
+    headers = ["run", "status", "progress", "loss", "eval_loss", *knobs.names, "pending op",
+               "last op"]
     if proposed:
         headers[2:2] = ["trial", "proposed"]
     print(table(headers, rows))
+    _print_hidden(knobs.hidden)
     _print_front(args.output_dir)
     return 0
 
@@ -293,6 +308,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import main as doctor  # torch only in its probe subprocess
+
+    return doctor(args)
+
+
 def _add_where(p: argparse.ArgumentParser, *, op: bool = False) -> None:
     default = ("the experiment training in the store" if op else
                "the experiment training in the store, else the latest")
@@ -341,7 +362,8 @@ def build_parser(extra: Sequence[CommandRegistrar] = ()) -> argparse.ArgumentPar
     p = sub.add_parser("status", help="a table of the runs of an experiment")
     _add_where(p)
     p.add_argument("--full", action="store_true",
-                   help=f"op texts whole (by default cut to {_OP_CHARS} characters)")
+                   help=f"op texts whole (by default cut to {_OP_CHARS} characters) and every "
+                   "knob that differs between the runs, values whole")
     p.set_defaults(func=_cmd_status)
     for verb, text in (("stop", "stop RUN (state kept, resumable)"),
                        ("resume", "put a stopped RUN back into the rotation"),
@@ -375,6 +397,15 @@ def build_parser(extra: Sequence[CommandRegistrar] = ()) -> argparse.ArgumentPar
                    "MLFLOW_EXPERIMENT_NAME or the base name of OUTPUT_DIR)")
     p.add_argument("--uri", help="tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
     p.set_defaults(func=_cmd_report)
+    p = sub.add_parser(
+        "doctor", help="what to know before a long run, with a fix for each problem",
+        description="Check the stack's versions against the tested ones, the devices torch "
+        "sees, how many workers `accelerate launch` would start, free disk and /dev/shm, and "
+        "whether the tracking store answers. Exit code 1 when a problem is found.",
+    )
+    p.add_argument("--output-dir", "--dir", dest="output_dir", metavar="DIR",
+                   help="where the experiment will write (its free disk is checked; default: .)")
+    p.set_defaults(func=_cmd_doctor)
     for register in extra:
         register(sub)
     return parser

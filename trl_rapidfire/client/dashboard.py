@@ -1,5 +1,7 @@
 """``trl-rapidfire dashboard``: the stock MLflow UI (``mlflow server``) on 127.0.0.1 for the
-store in use, opened where the runs are, and stopped with everything it started.
+store in use, with trl-rapidfire's control panel (buttons to stop, resume, delete and clone
+runs: :mod:`.panel_app`, MLflow's app plugin) on the same host and port, opened where the runs
+are, and stopped with everything it started.
 
 Where it opens. MLflow 3.17's UI picks its mode from the ``workflowType`` URL parameter (else
 the browser's saved choice, else ``genai``), not from the experiment tag
@@ -43,6 +45,7 @@ __all__ = [
     "ensure_runs_view",
     "landing_url",
     "local_store_path",
+    "panel_url",
     "runs_url",
     "runs_view_state",
     "serve",
@@ -67,6 +70,32 @@ def runs_url(base_url: str, experiment_id: str) -> str:
     the trl-rapidfire saved view (:func:`ensure_runs_view` writes it; the dashboard does)."""
     query = urlencode({**_WORKFLOW, _VIEW_PARAM: VIEW_ID})
     return f"{base_url.rstrip('/')}/#/experiments/{quote(str(experiment_id), safe='')}/runs?{query}"
+
+
+def panel_url(base_url: str, experiment_id: str | None = None, rf_experiment: str | None = None
+              ) -> str:
+    """The control panel (:mod:`.panel_app`), showing the trl-rapidfire experiment
+    ``rf_experiment`` of MLflow experiment ``experiment_id`` (by default the one training, else
+    the newest)."""
+    from .panel_app import PANEL_PATH
+
+    where = "".join(f"/{quote(str(part), safe='')}" for part in (experiment_id, rf_experiment)
+                    if part is not None)
+    return f"{base_url.rstrip('/')}{PANEL_PATH}" + (f"#{where}" if where else "")
+
+
+def _link_panel(client: Any, experiment_id: str) -> None:
+    """Link MLflow's experiment page to the panel: its description (``mlflow.note.content``,
+    shown above the runs table) gets a link, unless a person wrote a description of their
+    own."""
+    from .panel_app import PANEL_PATH
+
+    key = "mlflow.note.content"
+    note = (f"[trl-rapidfire control panel]({PANEL_PATH}#/{experiment_id}): stop, resume, "
+            "delete and clone runs with buttons.")
+    old = client.get_experiment(experiment_id).tags.get(key)
+    if old is None or (old.startswith("[trl-rapidfire control panel]") and old != note):
+        client.set_experiment_tag(experiment_id, key, note)
 
 
 def runs_view_state(knobs: Sequence[str] = ()) -> dict[str, Any]:
@@ -146,6 +175,7 @@ def landing_url(uri: str, base_url: str) -> str:
     # moves from the newest one to an older one in the UI.
     for experiment_id in dict.fromkeys(e.experiment_id for e in found):
         ensure_runs_view(client, experiment_id)
+        _link_panel(client, experiment_id)
     return runs_url(base_url, found[0].experiment_id)
 
 
@@ -349,6 +379,8 @@ def serve(uri: str, port: int = 5000, *, create: bool = False, verbose: bool = F
             proc = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
                  "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                 # The control panel, served by the same server (MLflow's app plugin).
+                 "--app-name", "trl-rapidfire",
                  # One access-log line per request (the UI polls) drowns what matters.
                  *([] if verbose else ["--uvicorn-opts", "--no-access-log"])],
                 env=env, start_new_session=True, preexec_fn=_die_with_parent())
@@ -360,6 +392,7 @@ def serve(uri: str, port: int = 5000, *, create: bool = False, verbose: bool = F
                 time.sleep(0.5)
             note = "" if url != base_url else "no trl-rapidfire experiment in the store yet; "
             _say(f"MLflow UI: {url}  ({note}Ctrl-C to stop)")
+            _say(f"Control panel: {panel_url(base_url)}")
             return proc.wait() or 0
         except _Stop:
             return 0

@@ -13,15 +13,22 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..storage.layout import Layout, run_order
 from ..tracking.tags import read_experiment_id
 from .tracked_runs import RunCatalog, TrackedRun, open_catalog, sqlite_path
 
-__all__ = ["Experiment", "experiment_runs", "find_experiment", "list_experiments"]
+__all__ = ["Experiment", "KnobColumns", "experiment_runs", "find_experiment", "knob_columns",
+           "list_experiments"]
 
 _LISTED = 5  # experiments named in a message
+# The knob columns of a status table: a few, each value cut, so that a line stays readable
+# with a LoRA config's description for a value (--full: every knob, values whole).
+KNOB_COLUMNS = 6
+KNOB_CHARS = 30
 
 
 @dataclass(frozen=True)
@@ -178,3 +185,39 @@ def experiment_runs(exp: Experiment) -> list[TrackedRun]:
     runs = open_catalog(exp.uri).runs([exp.experiment_id],
                                       {ROLE_TAG: "run", EXPERIMENT_TAG: exp.rf_experiment})
     return sorted(runs, key=lambda run: run_order(run.tags.get(RUN_TAG, "")))
+
+
+@dataclass(frozen=True)
+class KnobColumns:
+    """The knobs a status table shows: ``names`` (its column headers), ``cells`` (one list per
+    run, in the runs' order) and ``hidden`` (knobs that differ too but did not fit)."""
+
+    names: list[str]
+    cells: list[list[str]]
+    hidden: int = 0
+
+
+def knob_columns(knobs: Sequence[Mapping[str, Any]], run_names: Sequence[str] | None = None,
+                 *, full: bool = False) -> KnobColumns:
+    """The knobs whose values differ between the runs (``knobs``: each run's knob values: the
+    shared state's, or its MLflow params), as table columns in first-seen order: at most
+    :data:`KNOB_COLUMNS`, values cut to :data:`KNOB_CHARS` (``full``: all, whole). What all
+    runs share says nothing about any one of them. With ``run_names`` (MLflow params: the whole
+    config), a param whose value holds the run's own name (its ``output_dir``) differs too but
+    is no knob: left out."""
+    from ..reports.display import clip
+    from ..reports.report import format_value
+
+    found: list[tuple[str, list[str]]] = []
+    for key in dict.fromkeys(k for run in knobs for k in run):
+        values = [format_value(run.get(key)) for run in knobs]
+        if len(set(values)) < 2:
+            continue
+        if run_names is not None and any(name and name in value
+                                         for name, value in zip(run_names, values)):
+            continue
+        found.append((key, values))
+    shown = found if full else found[:KNOB_COLUMNS]
+    cells = [[values[i] if full else clip(values[i], KNOB_CHARS) for _, values in shown]
+             for i in range(len(knobs))]
+    return KnobColumns([key for key, _ in shown], cells, len(found) - len(shown))

@@ -1,16 +1,16 @@
 """The runs of an MLflow store as commands outside the training process read and tag them.
 
 The CLI's ``status`` and ops need four things of a store: its experiments, the runs that carry
-some tags (with their status, tags and latest metrics), one experiment by name, and one tag
-set. Importing MLflow and opening its store for that costs about 3.5 s on a 2-core machine,
+some tags (with their status, tags, latest metrics and params), one experiment by name, and one
+tag set. Importing MLflow and opening its store for that costs about 3.5 s on a 2-core machine,
 longer than the whole command should take. So the two stores a person most often has are read
 through their public shape instead:
 
 - a tracking server (``http(s)://``) through MLflow's REST API (``/api/2.0/mlflow/...``), the
   interface its UI and every client language use;
 - a local sqlite store through its tables (``experiments``, ``runs``, ``tags``,
-  ``latest_metrics``) with the standard library, only when those tables have the columns read
-  here; the one write is a row of ``tags``, what ``MlflowClient.set_tag`` writes.
+  ``latest_metrics``, ``params``) with the standard library, only when those tables have the
+  columns read here; the one write is a row of ``tags``, what ``MlflowClient.set_tag`` writes.
 
 Any other store, a sqlite file whose schema is not there yet (MLflow creates or repairs it:
 :func:`.mlflow_store.ensure_schema`), and a server that needs TLS or auth settings beyond a
@@ -48,6 +48,7 @@ _COLUMNS = {
     "runs": {"run_uuid", "experiment_id", "status", "start_time", "lifecycle_stage"},
     "tags": {"key", "value", "run_uuid"},
     "latest_metrics": {"key", "value", "is_nan", "run_uuid"},
+    "params": {"key", "value", "run_uuid"},
 }
 # Client settings only MLflow's own HTTP client honours: with any of them, it is used.
 _CLIENT_ONLY_ENV = ("MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH",
@@ -66,7 +67,8 @@ class TrackedRun:
         status: MLflow's run status (``RUNNING``, ``FINISHED``, ``FAILED``, ``KILLED``, ...).
         start_time: milliseconds since the epoch.
         tags: the run's tags; metrics: the latest value of each metric (MLflow's
-            ``run.data.metrics``).
+            ``run.data.metrics``); params: its params (an RF run's config and knobs: the
+            knob columns of ``trl-rapidfire status``).
     """
 
     run_id: str
@@ -75,6 +77,7 @@ class TrackedRun:
     start_time: int
     tags: Mapping[str, str] = field(default_factory=dict)
     metrics: Mapping[str, float] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)
 
 
 class RunCatalog(Protocol):
@@ -207,10 +210,12 @@ class SqliteCatalog:
             run_metrics = self._per_run(
                 con, "SELECT run_uuid, key, CASE WHEN is_nan THEN NULL ELSE value END "
                 "FROM latest_metrics", ids)
+            run_params = self._per_run(con, "SELECT run_uuid, key, value FROM params", ids)
         return [TrackedRun(run_id, str(exp), status or "", int(start or 0),
                            run_tags.get(run_id, {}),
                            {k: math.nan if v is None else float(v)
-                            for k, v in run_metrics.get(run_id, {}).items()})
+                            for k, v in run_metrics.get(run_id, {}).items()},
+                           run_params.get(run_id, {}))
                 for run_id, exp, status, start in heads]
 
     @staticmethod
@@ -329,7 +334,8 @@ class RestCatalog:
                 info["run_id"], str(info["experiment_id"]), info.get("status", ""),
                 int(info.get("start_time", 0)),
                 {t["key"]: t.get("value", "") for t in data.get("tags", [])},
-                {m["key"]: float(m["value"]) for m in data.get("metrics", [])}))
+                {m["key"]: float(m["value"]) for m in data.get("metrics", [])},
+                {p["key"]: p.get("value", "") for p in data.get("params", [])}))
         return found
 
     def set_tag(self, run_id: str, key: str, value: str) -> None:
@@ -363,7 +369,7 @@ class ClientCatalog:
                 order_by=["attributes.start_time DESC"], page_token=token)
             found += [TrackedRun(r.info.run_id, r.info.experiment_id, r.info.status,
                                  int(r.info.start_time or 0), dict(r.data.tags),
-                                 dict(r.data.metrics)) for r in page]
+                                 dict(r.data.metrics), dict(r.data.params)) for r in page]
             token = page.token
             if not token:
                 return found

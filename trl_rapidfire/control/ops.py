@@ -37,7 +37,7 @@ from typing import Any
 
 from ..config.fields import CLONE_KEEPS
 from ..config.knobs import List, is_knob
-from ..storage.csv_logs import append_row
+from ..storage.csv_logs import append_row, utc_text
 from ..storage.names import UntrustedValue
 from ..storage.outside_text import OP_TEXT_BYTES, OutsideTextError, check_size, loads
 from .trust import check_tag_override
@@ -366,5 +366,6 @@ _OP_FIELDS = [f.name for f in dataclasses.fields(OpRecord)]
 
 
 def append_op_row(record: OpRecord, path: str | os.PathLike) -> None:
-    """Append one record to ``ops.csv`` (the header is written with the first row)."""
-    append_row(path, _OP_FIELDS, dataclasses.asdict(record))
+    """Append one record to ``ops.csv`` (the header is written with the first row), its time
+    as ISO-8601 UTC text (see :mod:`~trl_rapidfire.storage.csv_logs`)."""
+    append_row(path, _OP_FIELDS, {**dataclasses.asdict(record), "time": utc_text(record.time)})

@@ -25,7 +25,7 @@ from typing import Any
 from ..config.fields import allowed_values
 from ..storage.names import UntrustedValue
 
-__all__ = ["UntrustedValue", "check_tag_override"]
+__all__ = ["UntrustedValue", "check_tag_override", "refused_by_name"]
 
 
 # Fields that load or run code, or choose files, hosts, repositories or logging destinations.
@@ -116,6 +116,16 @@ def _check_leaves(key: str, field_name: str, value: Any, cls: type | None) -> No
     raise _refusal(key, f"holds {type(value).__name__} values")
 
 
+def refused_by_name(key: str) -> str | None:
+    """Why a tag may never set ``key`` whatever its value (it loads code or names a place),
+    or ``None`` when its value decides. What a clone form offers to edit; the script's
+    ``clone_overrides`` can still let such a key through, and the op's answer says so."""
+    field_name = key.rpartition(".")[2]
+    if _CODE_OR_PLACE.search(field_name):
+        return "loads code or chooses where files, logs or models go"
+    return None
+
+
 def check_tag_override(
     key: str, value: Any, *, owner: type | None, candidates: Sequence[Any] = (),
     allowed: Collection[str] = (), trainer_arg: bool = False,
@@ -143,6 +153,7 @@ def check_tag_override(
     if trainer_arg and "." not in key:
         raise _refusal(key, "is a trainer argument (an object, function or model); pick one "
                        f'of the script\'s candidates with {{"{key}": {{"candidate": 0}}}}')
-    if _CODE_OR_PLACE.search(field_name):
-        raise _refusal(key, "loads code or chooses where files, logs or models go")
+    why = refused_by_name(key)
+    if why is not None:
+        raise _refusal(key, why)
     _check_leaves(key, field_name, value, owner)

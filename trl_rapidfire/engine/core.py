@@ -45,7 +45,7 @@ from .lifetime import LeaseKeeper, WallClock, install_sigint, orphaned
 from .ops import OpsDesk
 from .proposals import Proposals, Proposer
 from .records import EngineStats, LoopHooks, RunSlot, WeightsAt
-from .reporting import Reporter
+from .reporting import Reporter, chunks_trained
 from .run_trainer import NewRun, RunFactory
 from .turns import Turns
 
@@ -295,8 +295,8 @@ class Engine:
             self._register()
         if self.worker.rank == 0:
             self._clock.before = self._shared.read_wall_seconds()
-        if self._progress is not None:  # made by this loop's run() call
-            self._progress.set_done(self._chunks_done())
+        if self._progress is not None:  # made by this loop's run() call (says if it continues)
+            self._progress.begin(self._chunks_done())
         while not self.interrupted and self._fault.message is None:
             if self.worker.launched and orphaned(self.worker.rank):
                 # Its launcher died (killed alone): stop at this boundary, so that a re-run
@@ -453,8 +453,8 @@ class Engine:
         for slot in self._shared.flush_finishes():
             self._after_turn(slot)
 
-    def _chunks_done(self) -> int:
-        return sum(min(s.state.chunks_done, len(s.plan)) for s in self.slots.values())
+    def _chunks_done(self) -> int:  # as the runs table's steps show them (see chunks_trained)
+        return sum(chunks_trained(s) for s in self.slots.values())
 
     def _end_run_call(self, started: float, ok: bool, previous_handler: Any,
                       outcome: str) -> None:

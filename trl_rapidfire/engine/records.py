@@ -265,6 +265,23 @@ class RunSlot:
             return disk
         return live
 
+    def train_output(self) -> Any:
+        """The run's ``TrainOutput``: what its ``train()`` returned, or, for a run that did not
+        finish (stopped), one of where it got to: its step, the mean of its logged training
+        losses (the Trainer's ``training_loss`` is the mean over its steps) and its latest
+        metrics. ``None`` before it has a trainer state."""
+        if self.outcome.train_output is not None:
+            return self.outcome.train_output
+        state = self.latest_trainer_state()
+        if state is None:
+            return None
+        from transformers.trainer_utils import TrainOutput
+
+        losses = [e["loss"] for e in state.log_history
+                  if isinstance(e.get("loss"), (int, float))]
+        return TrainOutput(int(state.global_step), sum(losses) / len(losses) if losses else 0.0,
+                           latest_metrics(state.log_history))
+
     def live_trainer(self) -> RunTrainer:
         """The run's trainer: every run that trains has one (a run that failed before its
         trainer was built has none)."""

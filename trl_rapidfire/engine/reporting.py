@@ -15,20 +15,36 @@ from ..tracking.tags import PROGRESS_TAG, STATUS_TAG
 from ..tracking.tracker import Tracker
 from .records import RunSlot
 
-__all__ = ["Reporter", "progress_text"]
+__all__ = ["Reporter", "chunks_trained", "progress_text"]
+
+
+def chunks_trained(slot: RunSlot) -> int:
+    """The chunks of ``slot``'s plan it has trained: those recorded in the shared state (by any
+    worker), or, when more, those its steps in the runs table cover (a chunk trained here is
+    recorded once its checkpoint is written, in the background). The progress bar's count is
+    the sum of these, so that a table's header does not lag its rows (``chunks 1/4`` above two
+    runs that had both trained their first 2-step chunk, one not recorded yet)."""
+    state = slot.latest_trainer_state()
+    step = int(state.global_step) if state is not None else 0
+    by_steps = sum(1 for c in slot.plan.chunks if c.end_step <= step)
+    return max(min(slot.state.chunks_done, len(slot.plan)), by_steps)
 
 
 def progress_text(slot: RunSlot) -> str:
-    """``epoch 1/2 chunk 3/4 step 30/80``."""
+    """``chunk 3/8 (epoch 1/2, step 30/80)``: chunks trained of the run's whole plan (the count
+    the progress bar and ``trl-rapidfire status`` use, never per epoch, which read
+    ``epoch 2/2 chunk 0/4`` right after an epoch ended), the epoch its last trained chunk
+    belongs to, and its optimizer steps; a completed run reads ``done 8/8 (step 80/80)``."""
     plan, step = slot.plan, slot.state.global_step
     if slot.trainer is None or not plan.chunks:
         return f"step {step}"
-    chunk = plan.chunk_at(step) or plan.chunks[-1]
+    done = sum(1 for c in plan.chunks if c.end_step <= step)
+    steps = f"step {step}/{plan.total_steps}"
+    if slot.state.status == RunStatus.COMPLETED:
+        return f"done {done}/{len(plan)} ({steps})"
+    epoch = plan.chunks[done - 1].epoch + 1 if done else 1
     epochs = plan.chunks[-1].epoch + 1
-    per_epoch = sum(1 for c in plan.chunks if c.epoch == chunk.epoch)
-    done_in_epoch = chunk.index + (1 if step >= chunk.end_step else 0)
-    return (f"epoch {chunk.epoch + 1}/{epochs} chunk {done_in_epoch}/{per_epoch} "
-            f"step {step}/{plan.total_steps}")
+    return f"chunk {done}/{len(plan)} (epoch {epoch}/{epochs}, {steps})"
 
 
 class Reporter:

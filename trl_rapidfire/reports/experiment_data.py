@@ -19,7 +19,7 @@ from typing import Any
 
 from ..shared_state.state_file import FileStore
 from ..shared_state.store import StoreError
-from ..storage.csv_logs import read_rows
+from ..storage.csv_logs import read_rows, utc_seconds
 from ..storage.layout import Layout, run_order
 from ..storage.names import UntrustedValue, is_run_name
 from ..storage.outside_text import STATE_BYTES
@@ -146,11 +146,11 @@ def _read_json(path: Path) -> Any:
 
 def read_ops(path: str | os.PathLike) -> list[OpEvent]:
     """The op log at ``path`` (``<output_dir>/ops.csv``), in the order handled; rows cut short
-    by a crash are skipped."""
+    by a crash are skipped. Times are ISO-8601 text, or floats in a log written before."""
     out = []
     for row in read_rows(path):
         try:
-            out.append(OpEvent(float(row["time"]), row["source"] or "", row["run"] or "",
+            out.append(OpEvent(utc_seconds(row["time"]), row["source"] or "", row["run"] or "",
                                row["op"] or "", row["result"] or ""))
         except (KeyError, TypeError, ValueError):
             continue  # a line cut short by a crash

@@ -22,11 +22,13 @@ from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from ..storage.schedule import ChunkRecord
+from .curve_overlap import CASING_STEP, casing, ends_on_others, near
 from .experiment_data import (
     TRAIN_METRIC,
     ExperimentData,
@@ -35,11 +37,14 @@ from .experiment_data import (
     load_experiment,
     run_order,
 )
+from .op_marks import Marker, PlacedMarker, draw_markers, legend_entries, op_markers
 from .plot_legend import fit_legends, legend_style, run_labels
+from .plot_style import RunStyle, run_styles
 from .report import format_value, pareto_front, search_rows
 
-# ExperimentData, OpEvent, RunData and load_experiment live in experiment_data.py; they are
-# still imported from here, where the report's public API has always been.
+# ExperimentData, OpEvent, RunData and load_experiment live in experiment_data.py, Marker and
+# op_markers in op_marks.py; they are still imported from here, where the report's public API
+# has always been.
 __all__ = [
     "ExperimentData",
     "Marker",
@@ -62,42 +67,16 @@ LEARNING_CURVES = "learning_curves.png"
 SCHEDULE = "schedule.png"
 SUMMARY = "summary.md"
 
-# Marker shape per op verb; who issued the op is shown by the fill (see _draw_marker).
-_MARKER_SHAPES = {"stop": "X", "resume": ">", "delete": "s", "fail": "v", "clone": "D",
-                  "clone-warm": "*"}
-_MARKER_LABELS = {"stop": "stop", "resume": "resume", "delete": "delete", "fail": "failed",
-                  "clone": "clone (on the parent)", "clone-warm": "clone-warm (on the parent)"}
 _DPI = 110
-# Curves are told apart by line style and point marker as well as colour, so runs with the
-# same curve (clones, runs that differ only in a knob that changed nothing yet) all show.
-# 4 styles and 5 markers: no two of the first 20 runs share both, nor does any marker
-# repeat an op's shape (the ops are drawn larger, on top). The tab20 colours cover 20 too.
-# The markers are hollow, so that one drawn over another of the same point leaves it seen.
-_LINE_STYLES = ("-", "--", "-.", ":")
-_CURVE_MARKERS = ("o", "^", "P", "d", "p")
+# A run's curve width where no other curve lies on it (see curve_overlap for where it is wider).
+_LINE_WIDTH = 1.4
+# An op marker's height as a fraction of a panel's span of values (8 points of some 250):
+# markers at one step closer than that in y would cover each other (op_marks sets them side
+# by side).
+_MARKER_SPAN = 0.035
 # Pixels a chunk's label keeps clear of its bar's sides (and top and bottom), so that labels
 # of neighbouring bars never run into each other.
 _LABEL_PAD = 4.0
-
-
-@dataclass(frozen=True)
-class Marker:
-    """An applied op drawn on a run's curves.
-
-    Attributes:
-        run: the run whose curves carry it (a clone's parent for clones).
-        kind: the op's verb: ``stop``, ``resume``, ``delete``, ``fail``, ``clone``,
-            ``clone-warm``.
-        step: the run's own global step where it happened.
-        by_policy: issued by a policy rather than a person.
-        result: the op's result text.
-    """
-
-    run: str
-    kind: str
-    step: int
-    by_policy: bool
-    result: str
 
 
 @dataclass(frozen=True)
@@ -109,7 +88,7 @@ class ReportFiles:
         source, source_detail: where the metrics came from (see :class:`ExperimentData`).
         metric: the metric key the runs were ranked by (``None`` if no run logged it).
         curves: panel (metric key) -> number of run curves drawn in it.
-        markers: the op markers drawn.
+        markers: the op markers drawn, the rejected ops' included (``rejected``).
         ranking: run names, best first, as in the summary table.
     """
 
@@ -162,44 +141,7 @@ def rank_runs(data: ExperimentData, key: str | None, mode: str | None = None) ->
     return sorted(scored, key=score) + unscored
 
 
-def _step_at(schedule: Sequence[ChunkRecord], run: str, when: float) -> int:
-    """The run's step at wall-clock time ``when``: the end of its last chunk finished by then."""
-    return max((c.end_step for c in schedule if c.run == run and c.end_time <= when), default=0)
-
-
-def op_markers(data: ExperimentData) -> list[Marker]:
-    """One marker per applied op (rejected and skipped ops changed nothing, so they are not
-    drawn), at the step its result states, else at the run's step when it was applied."""
-    out = []
-    for op in data.ops:
-        if not op.applied or op.verb not in _MARKER_SHAPES or op.run not in data.runs:
-            continue
-        step = op.step if op.step is not None else _step_at(data.schedule, op.run, op.time)
-        out.append(Marker(op.run, op.verb, step, op.by_policy, op.result))
-    return out
-
-
 # ----------------------------------------------------------------------------- drawing
-
-
-def _run_colors(names: Sequence[str]) -> dict[str, Any]:
-    import matplotlib
-
-    if len(names) <= 10:
-        cmap = matplotlib.colormaps["tab10"]
-        return {n: cmap(i) for i, n in enumerate(names)}
-    if len(names) <= 20:
-        cmap = matplotlib.colormaps["tab20"]
-        return {n: cmap(i) for i, n in enumerate(names)}
-    cmap = matplotlib.colormaps["turbo"]
-    return {n: cmap(0.05 + 0.9 * i / (len(names) - 1)) for i, n in enumerate(names)}
-
-
-def _run_styles(names: Sequence[str]) -> dict[str, dict[str, Any]]:
-    colors = _run_colors(names)
-    return {n: {"color": colors[n], "linestyle": _LINE_STYLES[i % len(_LINE_STYLES)],
-                "marker": _CURVE_MARKERS[i % len(_CURVE_MARKERS)]}
-            for i, n in enumerate(names)}
 
 
 def _new_figure(width: float, height: float) -> Figure:
@@ -208,13 +150,31 @@ def _new_figure(width: float, height: float) -> Figure:
     return fig
 
 
-def _draw_marker(ax: Any, marker: Marker, x: float, y: float, color: Any) -> None:
-    # Filled in the run's colour: a person's op; hollow: a policy's decision.
-    ax.plot([x], [y], linestyle="none", marker=_MARKER_SHAPES[marker.kind],
-            markersize=11 if marker.kind == "clone-warm" else 8,
-            markerfacecolor="white" if marker.by_policy else color,
-            markeredgecolor=color if marker.by_policy else "black", markeredgewidth=1.3,
-            zorder=5, gid=f"op:{marker.run}:{marker.kind}")
+def _draw_curves(ax: Any, series: dict[str, tuple[np.ndarray, np.ndarray]],
+                 styles: dict[str, RunStyle], names: Sequence[str]) -> None:
+    """One curve per run of ``series`` (in run order, later ones on top), wider where later
+    curves lie on it, and the names of the runs whose curves end on another's at their end
+    (see :mod:`.curve_overlap`)."""
+    tol = near(series)
+    wider = casing(series, tol)
+    for name, (xs, ys) in series.items():
+        # Evaluations are a few points per run: a marker shows where each one was taken.
+        # A dense curve gets about 10 markers spaced along it, started at a different
+        # place run by run, so that the markers of equal curves fall apart.
+        dense = len(xs) > 15
+        start = (names.index(name) * 0.618) % 1.0 * 0.1
+        ax.plot(xs, ys, linewidth=_LINE_WIDTH + CASING_STEP * wider[name], markersize=5,
+                markerfacecolor="none", markevery=(start, 0.1) if dense else None,
+                gid=f"curve:{name}", **styles[name].line())
+    for end in ends_on_others(series, tol):
+        # Up and to the left of the end, inside the axes: the curves run left to right.
+        text = ax.annotate(", ".join(end.runs), (end.x, end.y), xytext=(-6, 6),
+                           textcoords="offset points", ha="right", va="bottom",
+                           fontsize="x-small", color="0.15", zorder=7,
+                           bbox={"boxstyle": "round,pad=0.15", "facecolor": "white",
+                                 "edgecolor": "none", "alpha": 0.75},
+                           gid=f"end-label:{'+'.join(end.runs)}")
+        text.set_in_layout(False)  # the axes' place must not depend on where curves end
 
 
 def learning_curves_figure(
@@ -222,36 +182,29 @@ def learning_curves_figure(
 ) -> tuple[Figure, dict[str, int]]:
     """The figure of ``learning_curves.png`` (see :func:`plot_learning_curves`), not saved,
     and panel (metric key) -> number of run curves drawn in it."""
-    markers = op_markers(data) if markers is None else markers
+    markers = op_markers(data, rejected=True) if markers is None else markers
     panels = [TRAIN_METRIC] + ([metric] if metric and metric != TRAIN_METRIC else [])
     names = list(data.runs)
-    styles = _run_styles(names)
+    styles = run_styles(names)
     axes_width = 5.2 * len(panels)
     fig = _new_figure(axes_width + 3.0, 4.6)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     counts: dict[str, int] = {}
+    drawn: dict[str, None] = {}  # the runs with a curve in any panel, in run order
     for ax, key in zip(axes, panels):
+        series = {}
         for run in data.runs.values():
-            series = [(s, v) for s, v in run.history.get(key, []) if math.isfinite(v)]
-            if not series:
-                continue
-            xs = np.array([s for s, _ in series], dtype=float)
-            ys = np.array([v for _, v in series], dtype=float)
-            # Evaluations are a few points per run: a marker shows where each one was taken.
-            # A dense curve gets about 10 markers spaced along it, started at a different
-            # place run by run, so that the markers of equal curves fall apart.
-            dense = len(series) > 15
-            start = (names.index(run.name) * 0.618) % 1.0 * 0.1
-            style = styles[run.name]
-            ax.plot(xs, ys, linewidth=1.4, markersize=5, markerfacecolor="none",
-                    markevery=(start, 0.1) if dense else None, gid=f"curve:{run.name}",
-                    **style)
-            for m in markers:
-                if m.run == run.name:
-                    _draw_marker(ax, m, m.step, float(np.interp(m.step, xs, ys)),
-                                 style["color"])
-        counts[key] = sum(1 for line in ax.get_lines()
-                          if str(line.get_gid() or "").startswith("curve:"))
+            points = [(s, v) for s, v in run.history.get(key, []) if math.isfinite(v)]
+            if points:
+                series[run.name] = (np.array([s for s, _ in points], dtype=float),
+                                    np.array([v for _, v in points], dtype=float))
+        _draw_curves(ax, series, styles, names)
+        # In the order the ops were handled, which is the order side by side.
+        draw_markers(ax, [PlacedMarker(m, m.step, float(np.interp(m.step, *series[m.run])),
+                                       styles[m.run].color)
+                          for m in markers if m.run in series], near(series, _MARKER_SPAN))
+        counts[key] = len(series)
+        drawn.update(dict.fromkeys(series))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(key if key != TRAIN_METRIC else "loss (training)")
         ax.set_xlabel("step (each run's own)")
@@ -262,32 +215,19 @@ def learning_curves_figure(
                     va="center", color="gray")
 
     # One legend entry per run, whichever panels it has points in, naming only the knobs
-    # that differ between the runs drawn.
-    by_run: dict[str, Line2D] = {}
-    for ax in axes:
-        for line in ax.get_lines():
-            gid = str(line.get_gid() or "")
-            if gid.startswith("curve:"):
-                by_run.setdefault(gid[len("curve:"):], line)
-    drawn = [data.runs[n] for n in names if n in by_run]
-    labels = run_labels(drawn)
-    handles = [by_run[run.name] for run in drawn]
-    texts = [labels[run.name] for run in drawn]
+    # that differ between the runs drawn. Its key is the run's style at the usual width
+    # (a curve is drawn wider only where others lie on it).
+    runs = [data.runs[n] for n in names if n in drawn]
+    labels = run_labels(runs)
+    handles = [Line2D([], [], linewidth=_LINE_WIDTH, markersize=5, markerfacecolor="none",
+                      **styles[run.name].line()) for run in runs]
+    texts = [labels[run.name] for run in runs]
     legends = []
     if handles:
         legends.append(fig.legend(handles, texts, loc="outside right upper", title="runs",
                                   **legend_style(texts)))
-    kinds = [k for k in _MARKER_SHAPES if any(m.kind == k for m in markers)]
-    if kinds:
-        keys = [Line2D([], [], linestyle="none", marker=_MARKER_SHAPES[k], color="dimgray",
-                       markeredgecolor="black", markersize=8) for k in kinds]
-        texts = [_MARKER_LABELS[k] for k in kinds]
-        if any(m.by_policy for m in markers):
-            # An op's shape, not a circle: the curves' own hollow markers include circles.
-            keys.append(Line2D([], [], linestyle="none", marker=_MARKER_SHAPES["stop"],
-                               markerfacecolor="white", markeredgecolor="dimgray",
-                               markersize=8))
-            texts.append("hollow: by a policy")
+    keys, texts = legend_entries(markers)
+    if keys:
         legends.append(fig.legend(keys, texts, loc="outside right lower", fontsize="small",
                                   title="ops"))
     title = fig.suptitle(f"{data.name}: learning curves (metrics from {data.source})")
@@ -301,9 +241,10 @@ def plot_learning_curves(
 ) -> dict[str, int]:
     """Draw ``learning_curves.png``: one panel for the training ``loss`` and one for
     ``metric`` (a logged key, e.g. ``eval_loss``; none when ``None`` or ``loss``), one curve
-    per run at its own global step (colour, line style and marker vary by run), the
-    ``markers`` (default :func:`op_markers`) on the curves of their runs, and beside the
-    axes a legend naming each run with the knobs that tell it apart.
+    per run at its own global step (colour, line style and marker by run index; see
+    :mod:`.plot_style`), the ``markers`` (default: :func:`op_markers` with the rejected
+    ops) on the curves of their runs, and beside the axes a legend naming each run with the
+    knobs that tell it apart and one of the ops' markers.
 
     Returns:
         panel (metric key) -> number of run curves drawn in it.
@@ -327,16 +268,18 @@ def schedule_figure(data: ExperimentData) -> tuple[Figure, int]:
                 va="center", transform=ax.transAxes, color="gray")
         ax.set_axis_off()
         return fig, 0
-    colors = _run_colors(list(data.runs))
+    # The runs' looks as in the learning curves (by run index); a run the schedule names and
+    # the state does not (deleted meanwhile) still gets its own.
+    styles = run_styles(list(dict.fromkeys([*data.runs, *(c.run for c in chunks)])))
     t0 = min(c.start_time for c in chunks)
     row = {w: i for i, w in enumerate(workers)}
     labels = []
     for c in chunks:
-        color = colors.get(c.run, "gray")
+        style = styles[c.run]
         bar = ax.barh(row[c.worker], c.seconds, left=c.start_time - t0, height=0.7,
-                      color=color, edgecolor="white", linewidth=0.6, label=c.run,
-                      gid=f"chunk:{c.run}:{c.number}")[0]
-        r, g, b = color[:3] if not isinstance(color, str) else (0.5, 0.5, 0.5)
+                      color=style.color, hatch=style.hatch or None, edgecolor="white",
+                      linewidth=0.6, label=c.run, gid=f"chunk:{c.run}:{c.number}")[0]
+        r, g, b = to_rgb(style.color)
         ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
         text = ax.text(c.start_time - t0 + c.seconds / 2, row[c.worker], str(c.number),
                        ha="center", va="center", fontsize=7, color=ink, clip_on=True,
@@ -352,8 +295,8 @@ def schedule_figure(data: ExperimentData) -> tuple[Figure, int]:
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     seen = sorted(dict.fromkeys(c.run for c in chunks), key=run_order)
-    handles = [Line2D([], [], linestyle="none", marker="s", markersize=9,
-                      color=colors.get(n, "gray")) for n in seen]
+    handles = [Patch(facecolor=styles[n].color, hatch=styles[n].hatch or None,
+                     edgecolor="white") for n in seen]
     legend = fig.legend(handles, seen, loc="outside right upper", title="runs",
                         **legend_style(seen))
     span = max(c.end_time for c in chunks) - t0
@@ -480,7 +423,7 @@ def write_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     key = resolve_metric(data, metric)
-    markers = op_markers(data)
+    markers = op_markers(data, rejected=True)
     curves = plot_learning_curves(data, out / LEARNING_CURVES, key, markers)
     plot_schedule(data, out / SCHEDULE)
     (out / SUMMARY).write_text(summary_markdown(data, key, metric), encoding="utf-8")

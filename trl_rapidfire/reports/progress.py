@@ -39,6 +39,8 @@ _CHANGE_GAP = 10
 # Statuses a run takes in the ordinary course of the schedule: no reason for a table. (Every
 # run completes in the last round, one per boundary; the final table shows them.)
 _ON_COURSE = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.COMPLETED)
+# What the bar and a table's header count: chunks of every run together, not one run's.
+_OVER_ALL = "(all runs)"
 
 
 def _now(value: Any) -> Any:
@@ -152,6 +154,7 @@ class ExperimentProgress:
         self._table: Any = None  # the notebook output the table lives in
         self._stream = stream or sys.stdout
         self._cadence = LogCadence(total_chunks)
+        self.total = total_chunks
         # The latest runs and chunks done (log mode), or what returns them.
         self._last: tuple[Any, Any] | None = None
         # A live or notebook view: when it was last drawn, and what it has not drawn yet.
@@ -166,7 +169,8 @@ class ExperimentProgress:
             return
         from tqdm.auto import tqdm
 
-        self._bar = tqdm(total=total_chunks, desc="chunks", unit="chunk", dynamic_ncols=True)
+        self._bar = tqdm(total=total_chunks, desc=f"chunks {_OVER_ALL}", unit="chunk",
+                         dynamic_ncols=True)
 
     @property
     def showing(self) -> bool:
@@ -184,12 +188,31 @@ class ExperimentProgress:
 
     def set_total(self, total_chunks: int) -> None:
         """The experiment now has ``total_chunks`` chunks (a clone added some)."""
+        self.total = total_chunks
         self._cadence.set_total(total_chunks)
         if self._live is not None:
             self._live.set_total(total_chunks)
         elif self._bar is not None:
             self._bar.total = total_chunks
             self._bar.refresh()
+
+    def begin(self, done: int) -> None:
+        """The ``train()`` call starts with ``done`` chunks of the experiment finished. Above
+        zero, this call continues an experiment (a re-run on the same output_dir, or a second
+        ``train()``): one line says so, since the bar alone would only jump to ``done`` and a
+        person could not tell a continued experiment from one trained just now."""
+        if done > 0 and self.showing:
+            left = "; nothing left to train" if done >= self.total else ""
+            self._say(f"continuing: {done} of {self.total} chunks done{left}")
+        self.set_done(done)
+
+    def _say(self, line: str) -> None:
+        """``line`` where the view prints its tables: above a live view, else on the stream
+        (through tqdm, so that a bar on the same terminal is not torn)."""
+        if self._live is not None:
+            self._live.say(line)
+        elif self._bar is not None:
+            self._bar.write(line, file=self._stream)
 
     def start(self, run: str) -> None:
         """``run`` starts its turn (shown beside the bar)."""
@@ -269,7 +292,10 @@ class ExperimentProgress:
     def _write_table(self) -> None:
         assert self._last is not None  # written after the latest state was kept
         runs, done = _now(self._last[0]), _now(self._last[1])
-        self._bar.write(f"chunks {done}/{self._bar.total}\n{runs_table(runs)}", file=self._stream)
+        # The count is over all runs (the bar's), the rows' steps each run's own: said, so that
+        # "chunks 1/4" above a run at step 2 does not read as that run's chunks.
+        self._bar.write(f"chunks {done}/{self._bar.total} {_OVER_ALL}\n{runs_table(runs)}",
+                        file=self._stream)
 
 
 class _LiveView:
@@ -285,7 +311,7 @@ class _LiveView:
         # The table is plain text: no markup, no highlighting of its numbers.
         self._console = Console(file=stream, force_terminal=True, highlight=False, markup=False)
         self._progress = rp.Progress(
-            rp.TextColumn("chunks"), rp.BarColumn(), rp.MofNCompleteColumn(),
+            rp.TextColumn(f"chunks {_OVER_ALL}"), rp.BarColumn(), rp.MofNCompleteColumn(),
             rp.TimeElapsedColumn(), rp.TextColumn("<"), rp.TimeRemainingColumn(),
             rp.TextColumn("{task.fields[run]}", markup=False), console=self._console,
             auto_refresh=False,
@@ -319,6 +345,10 @@ class _LiveView:
     def show(self, runs: Sequence[RunResult]) -> None:
         self._table = runs_table(runs, min(TABLE_WIDTH, self._console.width))
         self._live.refresh()
+
+    def say(self, line: str) -> None:
+        """A line above the view (it stays when the view is redrawn)."""
+        self._console.print(line, soft_wrap=True)
 
     def close(self) -> None:
         self._progress.update(self._task, run="")  # no run is training any more

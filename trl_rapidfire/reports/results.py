@@ -69,7 +69,10 @@ def pick_best(
     metric: str | None = None,
     greater_is_better: bool | None = None,
 ) -> RunResult | None:
-    """The best run that has not failed or been deleted.
+    """The best run: among the runs that completed; while none has (or when none did, every
+    run having been stopped), among every run that has not failed or been deleted. A stopped
+    run is not finished: it wins only over other unfinished runs, never over a completed one
+    (its lower loss may just be its earlier step).
 
     Args:
         metric: ``metric_for_best_model``; default ``eval_loss`` if every candidate has one,
@@ -77,7 +80,8 @@ def pick_best(
         greater_is_better: default: ``False`` for names ending in ``loss``, else ``True``
             (transformers' rule).
     """
-    candidates = [r for r in runs if r.status not in (RunStatus.FAILED, RunStatus.DELETED)]
+    candidates = ([r for r in runs if r.status is RunStatus.COMPLETED]
+                  or [r for r in runs if r.status not in (RunStatus.FAILED, RunStatus.DELETED)])
     if not candidates:
         return None
     if metric is None:

@@ -43,6 +43,7 @@ __all__ = [
     "World",
     "building_in",
     "enter_world_of_one",
+    "fill_empty_from",
     "fresh_accelerator_state",
     "fsdp_on_cpu_installed",
     "FSDP_ON_CPU_MARK",
@@ -102,6 +103,14 @@ def preserved_accelerate_state() -> Iterator[None]:
         yield
     finally:
         restore_accelerate_state(saved, keep_empty=True)
+
+
+def fill_empty_from(snapshot: AccelerateSnapshot) -> None:
+    """Give each of accelerate's singletons that is empty now its value in ``snapshot``; one
+    that holds a state keeps it (it is the script's)."""
+    for cls, saved in zip(_STATES, snapshot):
+        if not cls._shared_state and saved:
+            cls._shared_state.update({k: _copy_value(v) for k, v in saved.items()})
 
 
 @contextlib.contextmanager

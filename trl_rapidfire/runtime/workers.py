@@ -30,7 +30,8 @@ from ..shared_state.worker_info import (
     write_record,
 )
 
-__all__ = ["current_worker", "detach_from_launch", "in_launch_world", "launcher_gone"]
+__all__ = ["current_worker", "detach_from_launch", "in_launch_world", "launcher_gone",
+           "one_worker_warning"]
 
 # The key under which the first worker publishes the launch's identity in the rendezvous
 # store (one per restart of the worker group: a restart is a new launch).
@@ -127,3 +128,50 @@ def launcher_gone() -> int | None:
     if not parent or pid != str(os.getpid()):
         return None
     return int(parent) if os.getppid() != int(parent) else None
+
+
+def _asked_processes(argv: list[str]) -> int | None:
+    """``--num_processes N`` of an ``accelerate launch`` command line (its own options: those
+    before the script), or ``None`` when ``argv`` is not one."""
+    # `accelerate launch ...` (its console script, run by a Python) or `python -m
+    # accelerate.commands.launch ...`.
+    words = [os.path.basename(a) for a in argv[:4]]
+    if "accelerate.commands.launch" in words:
+        start = words.index("accelerate.commands.launch") + 1
+    elif "launch" in words and any(w.startswith("accelerate") for w in words):
+        start = words.index("launch") + 1
+    else:
+        return None
+    options = argv[start:]
+    for i, arg in enumerate(options):
+        if arg.endswith(".py") or arg in ("-m", "--module"):
+            break  # the script (or module) and its own arguments follow
+        name, _, value = arg.partition("=")
+        if name in ("--num_processes", "--num-processes"):
+            value = value or (options[i + 1] if i + 1 < len(options) else "")
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def one_worker_warning() -> str | None:
+    """What to tell a person whose ``accelerate launch --num_processes N`` started this one
+    process only: without ``--multi_gpu`` (or a config saying so), accelerate's simple launcher
+    runs the script once, on a machine with fewer than two GPUs silently. ``None`` when this
+    process is a worker of a launch, or was not started by ``accelerate launch`` (Linux: the
+    parent's command line; elsewhere nothing is known)."""
+    if current_worker().launched:
+        return None
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            argv = f.read(64 * 1024).decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    asked = _asked_processes([a for a in argv if a])
+    if asked is None or asked < 2:
+        return None
+    return (f"accelerate launch asked for {asked} processes, but it started this one only, so "
+            "the experiment trains with ONE worker: without --multi_gpu (or an accelerate "
+            "config saying so) accelerate runs the script once. Add --multi_gpu "
+            f"(`accelerate launch --multi_gpu --num_processes {asked} ...`): it starts "
+            f"{asked} workers, over gloo on a machine without GPUs. `trl-rapidfire doctor` "
+            "shows what a launch would get.")

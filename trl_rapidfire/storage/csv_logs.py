@@ -1,6 +1,10 @@
 """Append-only CSV logs of an experiment (``ops.csv``, ``search.csv``): a header with the
 first row, each row appended whole in one write, and read back skipping what a crash cut
-short."""
+short.
+
+Times in ``ops.csv`` and ``schedule.csv`` are ISO-8601 UTC text (``2026-12-05T18:57:03.123456Z``):
+a person opening the file reads when, not ``1796504223.1234567``. Files written before that hold
+``time.time()`` floats; :func:`utc_seconds` reads both."""
 
 from __future__ import annotations
 
@@ -9,13 +13,59 @@ import io
 import os
 import warnings
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from .outside_text import STATE_BYTES
 from .own_files import append_text, read_bytes
 
-__all__ = ["append_row", "read_csv_rows", "read_rows"]
+__all__ = ["append_row", "read_csv_rows", "read_rows", "utc_seconds", "utc_text", "whole_micros"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICRO = timedelta(microseconds=1)
+
+
+def _micros(seconds: float) -> int:
+    # Exact (a Fraction of the float, not a float product): a time already whole in
+    # microseconds maps to those microseconds again, so writing and reading are an identity.
+    return round(Fraction(seconds) * 1_000_000)
+
+
+def whole_micros(seconds: float) -> float:
+    """``seconds`` (``time.time()``) rounded to the microsecond: what its text in a log keeps,
+    so that a record in memory equals the record read back from its file."""
+    return _micros(seconds) / 1_000_000
+
+
+def utc_text(seconds: float) -> str:
+    """``time.time()`` seconds as ISO-8601 UTC text to the microsecond
+    (``2026-12-05T18:57:03.123456Z``): microseconds, not milliseconds, because the gaps between
+    chunks that ``schedule.csv`` is read for are a millisecond or two."""
+    return (_EPOCH + _micros(seconds) * _MICRO).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def utc_seconds(text: str) -> float:
+    """The ``time.time()`` seconds of a log's time: ISO-8601 text (:func:`utc_text`; another
+    offset is converted, none means UTC) or, in a file written before times were text, the
+    number itself. Raises ``ValueError`` (``TypeError`` for a missing cell) for anything else: a
+    row cut short by a crash, or a number no time is (``nan``, ``1e300``), which could not be
+    written back."""
+    if not isinstance(text, str):
+        raise TypeError(f"a time is text, not {type(text).__name__}")
+    try:
+        seconds = float(text)
+    except ValueError:
+        when = datetime.fromisoformat(text.strip())
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        return ((when - _EPOCH) // _MICRO) / 1_000_000
+    try:
+        utc_text(seconds)
+    except (OverflowError, ValueError):
+        raise ValueError(f"{text!r} is not a time") from None
+    return seconds
 
 
 def append_row(path: str | os.PathLike, fields: Sequence[str], row: Mapping[str, Any]) -> None:

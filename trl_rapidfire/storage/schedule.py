@@ -4,6 +4,7 @@
 header is written atomically when the experiment starts and each finished chunk appends one
 line with a single write (cheap enough for every chunk; a crash can at most cut the last line,
 which :func:`read_schedule_csv` skips). Later tools draw the experiment's timeline from it.
+Its times are ISO-8601 UTC text (see :mod:`.csv_logs`; older files' float seconds still read).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .csv_logs import read_csv_rows
+from .csv_logs import read_csv_rows, utc_seconds, utc_text, whole_micros
 from .names import is_run_name
 from .outside_text import STATE_BYTES
 from .own_files import open_nofollow, read_bytes, write_atomic
@@ -36,7 +37,8 @@ class ChunkRecord:
         chunk: the chunk's index within its epoch (0-based).
         number: the chunk's index over the whole run (0-based).
         worker: which worker trained it.
-        start_time, end_time: wall-clock seconds since the epoch (``time.time()``).
+        start_time, end_time: wall-clock seconds since the epoch (``time.time()``), to the
+            microsecond (what ``schedule.csv`` keeps: a record equals its row read back).
         start_step, end_step: the run's optimizer steps ``[start_step, end_step)``.
     """
 
@@ -50,6 +52,10 @@ class ChunkRecord:
     start_step: int
     end_step: int
 
+    def __post_init__(self) -> None:
+        for name in _TIMES:
+            object.__setattr__(self, name, whole_micros(getattr(self, name)))
+
     @property
     def steps(self) -> int:
         return self.end_step - self.start_step
@@ -60,6 +66,13 @@ class ChunkRecord:
 
 
 _FIELDS = [f.name for f in dataclasses.fields(ChunkRecord)]
+_TIMES = ("start_time", "end_time")
+
+
+def _cells(record: ChunkRecord) -> list[Any]:
+    """The row of ``record``: its fields (times as text), then its steps."""
+    return [utc_text(getattr(record, name)) if name in _TIMES else getattr(record, name)
+            for name in _FIELDS] + [record.steps]
 
 
 def write_schedule_csv(records: Sequence[ChunkRecord], path: str | os.PathLike) -> None:
@@ -67,17 +80,15 @@ def write_schedule_csv(records: Sequence[ChunkRecord], path: str | os.PathLike) 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=_FIELDS + ["steps"], lineterminator="\n")
-    writer.writeheader()
-    for r in records:
-        writer.writerow({**dataclasses.asdict(r), "steps": r.steps})
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(_FIELDS + ["steps"])
+    writer.writerows(_cells(r) for r in records)
     write_atomic(path, buf.getvalue())
 
 
 def _row_text(record: ChunkRecord) -> str:
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow(
-        [getattr(record, name) for name in _FIELDS] + [record.steps])
+    csv.writer(buf, lineterminator="\n").writerow(_cells(record))
     return buf.getvalue()
 
 
@@ -134,7 +145,7 @@ def read_schedule_csv(path: str | os.PathLike) -> list[ChunkRecord]:
                 tp = types[name]
                 kwargs[name] = (
                     int(row[name]) if tp in (int, "int")
-                    else float(row[name]) if tp in (float, "float")
+                    else utc_seconds(row[name]) if name in _TIMES
                     else row[name]
                 )
         except (TypeError, ValueError):

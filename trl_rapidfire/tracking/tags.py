@@ -20,6 +20,7 @@ __all__ = [
     "HEARTBEAT_INTERVAL",
     "HEARTBEAT_STALE",
     "HEARTBEAT_TAG",
+    "KNOBS_TAG",
     "OP_RESULT_TAG",
     "OP_SEQ_TAG",
     "OP_TAG",
@@ -43,6 +44,9 @@ EXPERIMENT_TAG = "rapidfire.experiment"
 STATUS_TAG = "rapidfire.status"
 PROGRESS_TAG = "rapidfire.progress"
 ROLE_TAG = "rapidfire.role"
+# On each run: its knobs' names (a JSON list), so the control panel's clone form offers the
+# run's knobs among the hundreds of params a config logs.
+KNOBS_TAG = "rapidfire.knobs"
 # On the experiment's parent run: the time (Unix seconds) the training process last said it
 # was alive. The CLI sends ops to the experiment that is training by it; a process killed
 # outright (SIGKILL, a lost machine) leaves the parent "running" with a heartbeat that ages.

@@ -12,6 +12,7 @@ come from.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -22,7 +23,7 @@ from ..control.policies import Policy, as_policy
 from ..engine import Engine, RunFailure, RunSlot
 from ..runtime.cache import StateCache
 from ..runtime.models import ModelPool
-from ..runtime.workers import current_worker
+from ..runtime.workers import current_worker, one_worker_warning
 from ..search.fingerprint import experiment_fingerprint
 from ..search.searches import AdaptiveSearch, ExpandingSearch, GridSearch, Search
 from ..shared_state.worker_info import lease_seconds
@@ -84,6 +85,9 @@ def assemble(
     check_specs(specs, shared_args, builder, policy=policy)
     check_clone_overrides(args, arguments.keys(), arguments)
     check_model_candidates(knob_args.get("model"), args)
+    asked_more = one_worker_warning()
+    if asked_more is not None:
+        warnings.warn(asked_more, UserWarning, stacklevel=4)
     try:
         lease = lease_seconds()
     except ValueError as err:

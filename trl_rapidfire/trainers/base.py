@@ -23,8 +23,9 @@ from transformers.trainer_utils import TrainOutput
 from ..config.configs import RFConfigError, RFConfigMixin
 from ..control.ops import OpRecord
 from ..engine import Engine, RunSlot, RunTrainer
+from ..reports.notebook_panel import NotebookPanel
 from ..reports.results import RunResult, pick_best
-from ..runtime.accelerate_state import left_as_found, restore_accelerate_state
+from ..runtime.accelerate_state import fill_empty_from, left_as_found, restore_accelerate_state
 from ..search.searches import GridSearch, Search
 from ..storage.names import UntrustedValue
 from ..storage.schedule import ChunkRecord
@@ -58,6 +59,12 @@ class RFTrainerMixin:
         self._rf_background: tuple[threading.Thread, dict[str, Any]] | None = None
         with left_as_found():
             self._rf_setup_runs(**kwargs)
+        # A plain TRL trainer leaves the process's accelerate state its own: so does this one
+        # (its face run's) where the script had none, so that a TRL method called before
+        # train() finds it (a script's own state is kept).
+        slots = [s for s in self._rf_engine.slots.values() if s.trainer is not None]
+        if slots and slots[0].turn.accelerate is not None:
+            fill_empty_from(slots[0].turn.accelerate)
 
     def _rf_setup_runs(
         self,
@@ -109,6 +116,14 @@ class RFTrainerMixin:
     def op_log(self) -> list[OpRecord]:
         """Every op applied or rejected so far (also in ``<output_dir>/ops.csv``)."""
         return list(self._rf_engine.op_log)
+
+    def panel(self) -> NotebookPanel:
+        """A live control panel for Jupyter (a cell ending with it shows it): the runs table,
+        Stop / Resume / Delete / Clone buttons with each op's answer, a clone form and the
+        training loss per run, refreshed at chunk boundaries while other cells run (see
+        ``train(blocking=False)``). Needs ipywidgets: ``pip install "trl-rapidfire[notebook]"``
+        (an ``ImportError`` says so without it)."""
+        return NotebookPanel(self)
 
     # ------------------------------------------------------------------ training
 
@@ -221,7 +236,7 @@ class RFTrainerMixin:
             warnings.warn(f"{len(failures)} run(s) failed: {names}", RuntimeWarning, stacklevel=2)
         self._rf_best = best.name
         engine.activate(best.name)
-        return engine.slots[best.name].outcome.train_output
+        return engine.slots[best.name].train_output()
 
     # ------------------------------------------------------------------ results
 
@@ -325,6 +340,8 @@ class RFTrainerMixin:
         # them (model, state, accelerator, processing_class, ...).
         if name.startswith("_rf") or name in ("args", "search"):
             raise AttributeError(name)
+        if "_rf_engine" not in vars(self):  # built without __init__ (e.g. object.__new__)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(self._rf_current(), name)
 
 

@@ -10,6 +10,7 @@ warm-starts clones itself.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from ..runtime.models import ModelPool, adapter_name
 from ..runtime.workers import current_worker
 from ..search.searches import RunSpec, Search, SearchError
 from ..storage.layout import Layout, run_index
+from ..tracking.tags import KNOBS_TAG
 from .generation_eval import GenerationEval
 from .per_run_trackers import one_stream_per_run
 from .run_trainer import copy_callbacks
@@ -182,7 +184,8 @@ class RunBuilder:
             name=spec.name, index=spec.index, knobs=spec.knobs, trainer=trainer,
             num_chunks=self.raw_args.get("num_chunks", 1), run_dir=run_dir,
             chunk_eval=self.strategy(spec, "eval_strategy") == CHUNK,
-            chunk_save=self.strategy(spec, "save_strategy") == CHUNK, tracked=tracked, **fields,
+            chunk_save=self.strategy(spec, "save_strategy") == CHUNK, tracked=tracked,
+            tags={KNOBS_TAG: json.dumps(sorted(spec.knobs))[:5000]}, **fields,
         )
 
     def _trainer(self, spec: RunSpec, group: Any, adapter: str | None) -> Any:

@@ -1,0 +1,258 @@
+"""``trainer.panel()``: the notebook's control panel (trl_rapidfire/reports/notebook_panel.py).
+
+The kernel test runs a real Jupyter kernel: ``train(blocking=False)``, the panel shown as the
+cell's value, then, in a later cell, the panel refreshing by itself (its polling thread) while
+the kernel is idle or runs other code, a click on run-1's Stop button and on the clone form's
+Clone button through the widgets' own API (``button.click()``, what a front end's click
+does), and ``wait()``. The fast tests drive the same widgets against a fake trainer that only
+implements :class:`~trl_rapidfire.reports.notebook_form.PanelTrainer`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+
+import pytest
+
+from trl_rapidfire.control.ops import OpRecord
+from trl_rapidfire.reports.results import RunResult
+from trl_rapidfire.shared_state.runs import RunStatus
+from trl_rapidfire.testing import tiny_model_path
+
+pytest.importorskip("ipywidgets")
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+class FakeTrainer:
+    """The panel's view of a trainer (PanelTrainer), recording the ops asked of it."""
+
+    def __init__(self) -> None:
+        self.runs = [RunResult(f"run-{i}", {"learning_rate": lr, "max_steps": 8},
+                               RunStatus.RUNNING, 4, f"out/run-{i}", {"loss": 2.0 - i})
+                     for i, lr in enumerate([1e-3, 3e-3])]
+        self.op_log: list[OpRecord] = []
+        self.schedule: list[int] = []
+        self.training = True
+        self.asked: list[tuple] = []
+
+    def stop(self, run):
+        self.asked.append(("stop", run))
+
+    def resume(self, run):
+        self.asked.append(("resume", run))
+
+    def delete(self, run):
+        self.asked.append(("delete", run))
+
+    def clone(self, run, overrides=None, *, warm=False):
+        self.asked.append(("clone", run, overrides, warm))
+
+
+def _panel(trainer):
+    from trl_rapidfire.reports.notebook_panel import NotebookPanel
+
+    return NotebookPanel(trainer, poll=False)
+
+
+def test_the_clone_form_sends_the_changed_fields_parsed_and_warm():
+    trainer = FakeTrainer()
+    panel = _panel(trainer)
+    form = panel.form
+    form.source.value = "run-1"
+    # Pre-filled with run-1's values: the knob that differs (learning_rate); max_steps is
+    # every run's, so it is no field.
+    assert {name: field.value for name, field in form.fields.items()} == {
+        "learning_rate": "0.003"}
+    form.fields["learning_rate"].value = "1e-4"
+    form.more.value = '{"peft_config.r": 16}'
+    form.warm.value = True
+    form.button.click()
+    assert trainer.asked == [("clone", "run-1", {"learning_rate": 0.0001, "peft_config.r": 16},
+                              True)]
+    assert isinstance(trainer.asked[0][2]["learning_rate"], float)
+    # Its answer, once the experiment gives it, shows in the parent's line.
+    trainer.op_log.append(OpRecord.now("python", "run-1", 'clone-warm {"learning_rate": 0.0001}',
+                                       "ok: created run-2"))
+    panel.refresh()
+    assert "ok: created run-2" in panel.rows["run-1"].answer.value
+    # Unchanged fields are not sent; text that is not JSON goes as text; "more" must be an object.
+    form.fields["learning_rate"].value = "0.003"
+    form.more.value = ""
+    assert form.overrides() == {}
+    form.fields["learning_rate"].value = "cosine"
+    assert form.overrides() == {"learning_rate": "cosine"}
+    form.more.value = "[1]"
+    form.button.click()
+    assert "must be a JSON object" in form.answer.value and len(trainer.asked) == 1
+    panel.close()
+
+
+def test_a_stop_button_queues_the_op_and_its_line_shows_the_answer():
+    trainer = FakeTrainer()
+    panel = _panel(trainer)
+    assert panel.refreshes == 1 and "run-0" in panel.table.value
+    assert panel.rows["run-1"].resume.disabled and not panel.rows["run-1"].stop.disabled
+    panel.rows["run-1"].stop.click()
+    assert trainer.asked == [("stop", "run-1")]
+    assert "queued" in panel.rows["run-1"].answer.value
+    # A policy's op on the same run is not the answer to the button.
+    trainer.op_log.append(OpRecord.now("policy:Budget", "run-1", "stop", "skipped: ..."))
+    trainer.op_log.append(OpRecord.now("python", "run-1", "stop", "ok: stopped at step 4"))
+    trainer.runs[1].status = RunStatus.STOPPED
+    panel.refresh()
+    assert "stop: ok: stopped at step 4" in panel.rows["run-1"].answer.value
+    assert panel.rows["run-1"].stop.disabled and not panel.rows["run-1"].resume.disabled
+    panel.close()
+
+
+def test_without_ipywidgets_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets now fails
+    with pytest.raises(ImportError, match=re.escape('pip install "trl-rapidfire[notebook]"')):
+        _panel(FakeTrainer())
+
+
+def test_the_panel_polls_until_training_ended_and_draws_the_end():
+    trainer = FakeTrainer()
+    from trl_rapidfire.reports.notebook_panel import NotebookPanel
+
+    panel = NotebookPanel(trainer, interval=0.02)
+    assert panel.polling
+    trainer.schedule.append(1)
+    trainer.runs[0].global_step = 8
+    trainer.runs[0].status = RunStatus.COMPLETED
+    trainer.training = False
+    deadline = time.monotonic() + 10
+    while panel.polling and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not panel.polling
+    assert "completed" in panel.table.value and "not training" in panel.header.value
+    assert bytes(panel.plot.value).startswith(b"\x89PNG")
+    panel.close()
+
+
+SETUP = """\
+import os, threading, time
+os.environ["HF_HUB_OFFLINE"] = "1"
+import torch
+torch.set_num_threads(1)
+from transformers import TrainerCallback
+from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
+from trl_rapidfire.testing import (cpu_training_kwargs, make_sft_dataset, tiny_lora_config,
+                                   tiny_model_path)
+
+class Gate(TrainerCallback):
+    # Holds run-1 inside its second chunk until the test clicked Stop: the stop then lands
+    # at that chunk's end, however fast the machine.
+    def __init__(self):
+        self.reached, self.release = threading.Event(), threading.Event()
+    def __deepcopy__(self, memo):  # every run's trainer gets a copy: share this one
+        return self
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.learning_rate == 3e-3 and state.global_step == 3:
+            self.reached.set()
+            self.release.wait(timeout=300)
+
+gate = Gate()
+config = RFSFTConfig(output_dir={out!r}, learning_rate=List([1e-3, 3e-3, 1e-2]), num_chunks=4,
+                     max_steps=8, per_device_train_batch_size=4, logging_steps=1,
+                     **dict(cpu_training_kwargs(), disable_tqdm=False))
+trainer = RFSFTTrainer(model=tiny_model_path(), args=config,
+                       train_dataset=make_sft_dataset(64, seed=1),
+                       peft_config=tiny_lora_config(r=4), callbacks=[gate])
+trainer.train(blocking=False)
+while trainer.training and not trainer.schedule:  # the progress bar is up (in this cell)
+    time.sleep(0.01)
+panel = trainer.panel()
+panel
+"""
+CLICK = """\
+import json
+assert gate.reached.wait(timeout=300)
+deadline = time.monotonic() + 60
+while panel.refreshes < 2 or "run-1" not in panel.table.value:  # the polling thread's work
+    assert time.monotonic() < deadline, panel.refreshes
+    time.sleep(0.05)
+seen = {"refreshes": panel.refreshes, "table": panel.table.value}
+panel.rows["run-1"].stop.click()
+panel.form.source.value = "run-0"
+panel.form.fields["learning_rate"].value = "5e-4"
+panel.form.button.click()
+gate.release.set()
+trainer.wait()
+deadline = time.monotonic() + 60
+while panel.polling:  # it draws the end, then stops
+    assert time.monotonic() < deadline
+    time.sleep(0.05)
+print(json.dumps(dict(
+    seen=seen, refreshes=panel.refreshes, table=panel.table.value, header=panel.header.value,
+    answer=panel.rows["run-1"].answer.value, clone_answer=panel.rows["run-0"].answer.value,
+    statuses={r.name: r.status.value for r in trainer.runs},
+    knobs={r.name: r.knobs.get("learning_rate") for r in trainer.runs},
+    ops=[[o.source, o.run, o.op, o.result] for o in trainer.op_log],
+    plot=len(panel.plot.value))))
+"""
+
+
+def _table_rows(table_html: str) -> dict[str, list[str]]:
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row)
+            for row in re.findall(r"<tr>(.*?)</tr>", table_html)]
+    return {cells[0]: cells for cells in rows if cells}
+
+
+@pytest.mark.slow
+def test_in_a_kernel_the_panel_refreshes_while_training_and_its_stop_button_stops(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    tiny_model_path()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(SETUP.format(out=str(tmp_path / "exp"))),
+                nbformat.v4.new_code_cell(CLICK)]
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for cell in nb.cells for o in cell.outputs]
+    stdout = "".join(o.get("text", "") for o in nb.cells[1].outputs
+                     if o.output_type == "stream" and o.name == "stdout")
+    got = json.loads(stdout.strip().splitlines()[-1])
+
+    # Refreshed by itself while training (before any click), showing the runs' steps.
+    assert got["seen"]["refreshes"] >= 2
+    seen_rows = _table_rows(got["seen"]["table"])
+    assert set(seen_rows) == {"run-0", "run-1", "run-2"}
+    assert any(int(cells[2]) > 0 for cells in seen_rows.values())
+
+    # The Stop click stopped run-1 at its chunk's end; the others (and the clone) completed.
+    assert got["statuses"] == {"run-0": "completed", "run-1": "stopped", "run-2": "completed",
+                               "run-3": "completed"}
+    assert got["knobs"]["run-3"] == pytest.approx(5e-4)
+    python_ops = [op for op in got["ops"] if op[0] == "python"]
+    assert python_ops[0][1:3] == ["run-1", "stop"] and python_ops[0][3].startswith("ok")
+    assert python_ops[1][1] == "run-0" and python_ops[1][2].startswith("clone ")
+    assert python_ops[1][3].startswith("ok")
+
+    # The panel's end: run-1 stopped with its answer, the clone in the table, a plot.
+    rows = _table_rows(got["table"])
+    assert rows["run-1"][1] == "stopped" and rows["run-3"][1] == "completed"
+    assert got["answer"].startswith("stop: ok: stopped at step")
+    assert got["clone_answer"].startswith("clone ") and "ok: created run-3" in got["clone_answer"]
+    assert "not training" in got["header"] and "of 16 chunks" in got["header"]
+    assert got["plot"] > 0
+
+    # What the front end holds (nbclient keeps the widgets' state from the kernel's comm
+    # messages): the same final table, drawn by the polling thread after wait() returned.
+    states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    tables = [s["state"]["value"] for s in states.values()
+              if str(s["state"].get("value", "")).startswith("<table>")]
+    assert tables == [got["table"]]
+
+    # Widget views in the outputs: the panel (the cell's value) and the experiment's progress
+    # bar, a tqdm widget now; no "IProgress not found" (tqdm's warning without ipywidgets).
+    views = [o for o in outputs if WIDGET_VIEW in o.get("data", {})]
+    assert any(o.output_type == "execute_result" for o in views)
+    assert any(o.data["text/plain"].startswith("chunks") for o in views), \
+        [o.data["text/plain"] for o in views]
+    assert "IProgress not found" not in json.dumps(outputs)

@@ -1,0 +1,79 @@
+"""Times in ops.csv and schedule.csv are ISO-8601 UTC text a person can read; files written
+before (``time.time()`` floats) still load, and a record equals its row read back."""
+
+from __future__ import annotations
+
+import csv
+import re
+import time
+from datetime import UTC, datetime
+
+from trl_rapidfire.control.ops import OpRecord, append_op_row
+from trl_rapidfire.reports.experiment_data import read_ops
+from trl_rapidfire.storage.csv_logs import utc_seconds, utc_text
+from trl_rapidfire.storage.schedule import (
+    ChunkRecord,
+    ScheduleAppender,
+    read_schedule_csv,
+    write_schedule_csv,
+)
+
+ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+
+
+def _rows(path):
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _record(number: int, start: float) -> ChunkRecord:
+    return ChunkRecord(run="run-0", epoch=0, chunk=number, number=number, worker=0,
+                       start_time=start, end_time=start + 0.0123456789, start_step=2 * number,
+                       end_step=2 * number + 2)
+
+
+def test_schedule_times_are_iso_utc_text_and_read_back_equal(tmp_path):
+    path = tmp_path / "schedule.csv"
+    now = time.time()
+    first, second = _record(0, now), _record(1, now + 1.5)
+    write_schedule_csv([first], path)
+    appender = ScheduleAppender(path)
+    appender.append(second)
+    appender.close()
+    rows = _rows(path)
+    assert all(ISO.fullmatch(row[key]) for row in rows for key in ("start_time", "end_time"))
+    when = datetime.fromisoformat(rows[0]["start_time"])
+    assert when.tzinfo == UTC and abs(when.timestamp() - now) < 1e-6
+    assert read_schedule_csv(path) == [first, second]  # to the microsecond, both ways
+    assert abs(first.seconds - 0.0123456789) < 1.1e-6  # each end to the microsecond
+
+
+def test_a_schedule_written_with_float_times_still_loads_and_is_rewritten_as_text(tmp_path):
+    path = tmp_path / "schedule.csv"
+    path.write_text("run,epoch,chunk,number,worker,start_time,end_time,start_step,end_step,"
+                    "steps\nrun-0,0,0,0,0,1796497023.25,1796497024.5,0,2,2\n"
+                    "run-0,0,1,1,0,nan,1796497025.5,2,4,2\n"  # no time: skipped
+                    "run-1,0,0,0,0,1796497024.5,2026-12-05T18:57:06.000001Z,0,2,2\n")
+    rows = read_schedule_csv(path)
+    assert [(r.run, r.start_time, r.end_time) for r in rows] == [
+        ("run-0", 1796497023.25, 1796497024.5), ("run-1", 1796497024.5, 1796497026.000001)]
+    write_schedule_csv(rows, path)  # what registering a re-run does
+    assert _rows(path)[0]["start_time"] == "2026-12-05T18:57:03.250000Z"
+    assert read_schedule_csv(path) == rows
+
+
+def test_ops_times_are_iso_utc_text_and_an_old_float_log_still_reads(tmp_path):
+    path = tmp_path / "ops.csv"
+    record = OpRecord.now("python", "run-1", "stop", "ok: stopped at step 4")
+    append_op_row(record, path)
+    cell = _rows(path)[0]["time"]
+    assert ISO.fullmatch(cell) and abs(utc_seconds(cell) - record.time) < 1e-6
+    [event] = read_ops(path)
+    assert (event.run, event.op, event.step) == ("run-1", "stop", 4)
+    assert abs(event.time - record.time) < 1e-6
+
+    old = tmp_path / "old-ops.csv"
+    old.write_text("time,source,run,op,result\n1796497023.5,tag,run-0,stop,ok: stopped\n"
+                   "soon,tag,run-1,stop,ok: stopped\n")  # not a time: skipped
+    assert [(e.time, e.run) for e in read_ops(old)] == [(1796497023.5, "run-0")]
+    assert utc_text(1796497023.5) == "2026-12-05T18:57:03.500000Z"

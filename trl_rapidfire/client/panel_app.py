@@ -1,0 +1,145 @@
+"""The control panel: buttons to steer an experiment, served by the MLflow server itself.
+
+An MLflow *app plugin* (entry point ``mlflow.app`` named ``trl-rapidfire``): ``mlflow server
+--app-name trl-rapidfire`` (``trl-rapidfire dashboard`` starts it so) adds the panel at
+``/rapidfire/`` on the UI's own host and port. The page is static; everything it reads and
+writes goes through MLflow's own REST API from the browser (``runs/search``,
+``metrics/get-history``, ``runs/set-tag``), with the UI's origin and whatever authentication
+the server has. So the panel opens no new way in: a button does what a person editing the
+run's ``rapidfire.op`` tag in the UI does, and works the same against a remote tracking server
+that has the plugin installed.
+
+The server side adds two read-only answers the page asks before it sets a tag, so that a typo
+is said at once instead of later in the run's answer tag:
+
+* ``POST /rapidfire/api/check-op`` ``{"run", "op", "status"}``: the op checked as every
+  sender checks it (:func:`~trl_rapidfire.client.send.check_op`): ``{"op"}`` or ``{"error"}``.
+* ``POST /rapidfire/api/clone-fields`` ``{"fields": [...]}``: which knob names a tag may never
+  change, whatever the value (:func:`~trl_rapidfire.control.trust.refused_by_name`), so the
+  clone form shows them locked with the reason.
+
+Both take small JSON bodies only (bounded before parsing) and never touch the store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+from typing import Any
+
+__all__ = ["PANEL_PATH", "create_app", "panel_blueprint"]
+
+PANEL_PATH = "/rapidfire/"
+# The files the page is made of (nothing else is served from the package).
+_FILES = {"index.html": "text/html; charset=utf-8", "panel.js": "text/javascript; charset=utf-8",
+          "panel.css": "text/css; charset=utf-8"}
+_MAX_BODY = 16 * 1024
+_MAX_OP = 5000
+_MAX_FIELDS = 200
+
+
+def _static(name: str) -> bytes:
+    return resources.files("trl_rapidfire.client").joinpath("panel_static", name).read_bytes()
+
+
+def _body(request: Any) -> dict[str, Any]:
+    """The request's JSON object, bounded before it is parsed."""
+    length = request.content_length
+    if length is None or length > _MAX_BODY:
+        raise ValueError(f"a JSON body of at most {_MAX_BODY} bytes is expected")
+    doc = json.loads(request.get_data(cache=False)[:_MAX_BODY])
+    if not isinstance(doc, dict):
+        raise ValueError("a JSON object is expected")
+    return doc
+
+
+def _text(doc: dict[str, Any], key: str, limit: int) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str) or len(value) > limit:
+        raise ValueError(f"{key!r} must be text of at most {limit} characters")
+    return value
+
+
+def check_op_answer(doc: dict[str, Any]) -> dict[str, str]:
+    """The answer of ``/rapidfire/api/check-op`` to ``doc``."""
+    from ..control.ops import OpError
+    from .send import check_op
+
+    try:
+        op = _text(doc, "op", _MAX_OP)
+        check_op(_text(doc, "run", 200), op,
+                 _text(doc, "status", 40) if doc.get("status") is not None else None)
+    except (OpError, LookupError, ValueError) as err:
+        return {"error": str(err)}
+    return {"op": op}
+
+
+def clone_fields_answer(doc: dict[str, Any]) -> dict[str, Any]:
+    """The answer of ``/rapidfire/api/clone-fields`` to ``doc``."""
+    from ..control.trust import refused_by_name
+
+    fields = doc.get("fields")
+    if (not isinstance(fields, list) or len(fields) > _MAX_FIELDS
+            or not all(isinstance(f, str) and len(f) <= 250 for f in fields)):
+        return {"error": f"'fields' must be a list of at most {_MAX_FIELDS} names"}
+    return {"fields": [{"name": f, "refused": refused_by_name(f)} for f in fields]}
+
+
+def panel_blueprint() -> Any:
+    """The panel's routes, as a Flask blueprint (MLflow's server is a Flask app)."""
+    from flask import Blueprint, Response, abort, request
+
+    prefix = os.environ.get("_MLFLOW_STATIC_PREFIX", "").rstrip("/")
+    blueprint = Blueprint("trl_rapidfire_panel", __name__, url_prefix=prefix + "/rapidfire")
+
+    def page(name: str) -> Response:
+        if name not in _FILES:
+            abort(404)
+        response = Response(_static(name), mimetype=_FILES[name].split(";")[0])
+        response.headers["Content-Type"] = _FILES[name]
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+    @blueprint.get("/")
+    def index() -> Response:
+        return page("index.html")
+
+    @blueprint.get("/<name>")
+    def asset(name: str) -> Response:
+        return page(name)
+
+    def answer(compute: Any) -> Response:
+        try:
+            reply = compute(_body(request))
+        except ValueError as err:  # includes a JSON syntax error
+            reply = {"error": f"bad request: {err}"}
+        return Response(json.dumps(reply), mimetype="application/json")
+
+    @blueprint.post("/api/check-op")
+    def check() -> Response:
+        return answer(check_op_answer)
+
+    @blueprint.post("/api/clone-fields")
+    def clone_fields() -> Response:
+        return answer(clone_fields_answer)
+
+    return blueprint
+
+
+def create_app(app: Any = None) -> Any:
+    """MLflow's server with the panel added (the ``mlflow.app`` entry point's factory).
+
+    MLflow serves its Flask app through uvicorn wrapped in its FastAPI app (its default), or
+    directly under gunicorn or waitress: the same wrapping as MLflow's own ``basic-auth`` app.
+    """
+    if app is None:
+        from mlflow.server import app as mlflow_app
+
+        app = mlflow_app
+    app.register_blueprint(panel_blueprint())
+    if os.environ.get("_MLFLOW_SGI_NAME") == "uvicorn":
+        from mlflow.server.fastapi_app import create_fastapi_app
+
+        return create_fastapi_app(app)
+    return app

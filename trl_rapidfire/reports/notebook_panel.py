@@ -1,0 +1,314 @@
+"""The experiment's control panel in a Jupyter notebook: ``trainer.panel()``.
+
+The progress view (:mod:`.progress`) only shows; here a person also steers: per run buttons
+Stop / Resume / Delete / Clone, a clone form (:mod:`.notebook_form`), each op's answer once
+the experiment gave it, and the training loss of every run, all kept up to date at chunk
+boundaries while other cells run (or while a blocking ``train()`` keeps the kernel busy).
+
+The panel knows the trainer only through :class:`~.notebook_form.PanelTrainer`, the
+trainer's public face (its runs, ops, op log and schedule), so it never depends on how the
+engine is built. It needs ``ipywidgets`` (the ``notebook`` extra), imported only when a panel
+is made, so the rest of the package never needs it.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..control.ops import OpRecord
+from ..shared_state.runs import RunStatus
+from .notebook_form import (
+    AskedOp,
+    CloneForm,
+    PanelTrainer,
+    answer_of,
+    differing_knobs,
+    error_html,
+    muted_html,
+    widgets,
+)
+from .report import format_value
+from .results import RunResult
+
+__all__ = ["NotebookPanel", "PanelTrainer", "RunControls"]
+
+# Statuses the Stop button makes sense in (the buttons of the others are disabled, so a click
+# never asks for what the op desk would refuse anyway).
+_STOPPABLE = (RunStatus.PENDING, RunStatus.RUNNING)
+
+
+@dataclass
+class RunControls:
+    """One run's buttons and the answer to the last op asked with them."""
+
+    stop: Any
+    resume: Any
+    delete: Any
+    clone: Any
+    answer: Any
+    widget: Any
+
+
+class NotebookPanel:
+    """A live view of an experiment that steers it: a header (chunks trained of all), the
+    runs table, per run buttons and their answers, a clone form and the training loss.
+
+    A daemon thread polls the trainer cheaply (the lengths of the schedule and the op log,
+    and whether it trains) every ``interval`` seconds and refreshes the widgets when they
+    changed, so the panel updates at chunk boundaries without a busy kernel: ipywidgets send
+    their updates from any thread. The thread ends once training has ended and the final
+    state is drawn (:meth:`refresh` or a button starts it again if the trainer trains
+    again); :meth:`close` ends it and removes the widgets.
+
+    Args:
+        trainer: what it shows and steers (see :class:`PanelTrainer`).
+        interval: seconds between polls.
+        poll: refresh by itself (``False``: only on :meth:`refresh` and clicks).
+    """
+
+    def __init__(self, trainer: PanelTrainer, *, interval: float = 0.5,
+                 poll: bool = True) -> None:
+        w = widgets()
+        self._trainer = trainer
+        self.interval = interval
+        self.refreshes = 0
+        """How many times the panel was redrawn."""
+        self.error: BaseException | None = None
+        """The last error a refresh by the polling thread met (it polls on)."""
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._poll = poll
+        self._drawn: tuple[Any, ...] | None = None
+        self._seen_training = False
+        self._plotted: tuple[int, int] | None = None
+        self._curves: dict[str, list[tuple[int, float]]] = {}
+        self._asked: dict[str, AskedOp] = {}
+        self.rows: dict[str, RunControls] = {}
+        """Each run's buttons and answer line, by run name."""
+        self.header = w.HTML()
+        self.bar = w.IntProgress(min=0, max=1, value=0, description="chunks")
+        self.table = w.HTML()
+        self.plot = w.Image(format="png")
+        self.form = CloneForm(trainer, on_asked=self._asked_clone)
+        self._controls = w.VBox()
+        self.widget = w.VBox([w.HBox([self.bar, self.header]), self.table, self._controls,
+                              self.form.widget, self.plot])
+        self.refresh()
+
+    # ------------------------------------------------------------------ showing
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """Shown as its widget when a cell ends with it."""
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def refresh(self) -> None:
+        """Redraw from the trainer's state now (and start polling if it trains)."""
+        with self._lock:
+            if self._closed.is_set():
+                return
+            trainer = self._trainer
+            signature = self._signature()
+            runs = list(trainer.runs)
+            log = list(trainer.op_log)
+            self._draw_header(runs, signature[0], signature[2])
+            self.form.set_runs(runs)
+            self._draw_rows(runs, log)
+            self.table.value = self._table_html(runs)
+            self._draw_plot(runs, signature[0])
+            self._drawn = signature
+            # Training seen, by a poll or a refresh: its end, once drawn, ends the polling.
+            self._seen_training = self._seen_training or signature[2]
+            self.refreshes += 1
+        self._start_polling()
+
+    def _signature(self) -> tuple[int, int, bool]:
+        """What changes at a boundary, cheap to read: chunks trained, ops answered, training."""
+        trainer = self._trainer
+        return len(trainer.schedule), len(trainer.op_log), bool(trainer.training)
+
+    def _draw_header(self, runs: Sequence[RunResult], done: int, training: bool) -> None:
+        total = _total_chunks(self._trainer)
+        counts: dict[str, int] = {}
+        for run in runs:
+            counts[run.status.value] = counts.get(run.status.value, 0) + 1
+        state = ", ".join(f"{n} {status}" for status, n in counts.items())
+        of = f" of {total}" if total is not None else ""
+        self.header.value = (f"<b>{done}</b>{of} chunks trained &middot; {len(runs)} runs "
+                             f"({html.escape(state)}) &middot; "
+                             f"{'training' if training else 'not training'}")
+        self.bar.max = max(total if total is not None else done, 1)
+        self.bar.value = min(done, self.bar.max)
+
+    def _table_html(self, runs: Sequence[RunResult]) -> str:
+        knobs = differing_knobs(runs)
+        head = ["run", "status", "steps", "loss", "eval_loss", *knobs, "last op"]
+        rows = [[run.name, run.status.value, str(run.global_step),
+                 format_value(run.metrics.get("loss")), format_value(run.metrics.get("eval_loss")),
+                 *(format_value(run.knobs.get(k)) for k in knobs), run.last_op or ""]
+                for run in runs]
+        cell = '<td style="padding:0 8px;text-align:left">{}</td>'
+        lines = ["<tr>" + "".join(f'<th style="padding:0 8px;text-align:left">'
+                                  f"{html.escape(h)}</th>" for h in head) + "</tr>"]
+        lines += ["<tr>" + "".join(cell.format(html.escape(c)) for c in row) + "</tr>"
+                  for row in rows]
+        return "<table>" + "".join(lines) + "</table>"
+
+    def _draw_rows(self, runs: Sequence[RunResult], log: Sequence[OpRecord]) -> None:
+        for run in runs:
+            if run.name not in self.rows:
+                self.rows[run.name] = self._new_row(run.name)
+                self._controls.children = [c.widget for c in self.rows.values()]
+            row = self.rows[run.name]
+            row.stop.disabled = run.status not in _STOPPABLE
+            row.resume.disabled = run.status != RunStatus.STOPPED
+            row.delete.disabled = row.clone.disabled = run.status == RunStatus.DELETED
+            asked = self._asked.get(run.name)
+            if asked is None:
+                continue
+            record = answer_of(asked, run.name, log)
+            if record is not None:
+                style = error_html if not record.result.startswith("ok") else html.escape
+                row.answer.value = style(f"{record.op}: {record.result}")
+            elif not self._trainer.training:
+                row.answer.value = muted_html(f"{asked.verb}: queued for the next train()")
+
+    def _new_row(self, run: str) -> RunControls:
+        w = widgets()
+        buttons = {verb: w.Button(description=verb.capitalize(), tooltip=f"{verb} {run}",
+                                  layout=w.Layout(width="80px"))
+                   for verb in ("stop", "resume", "delete", "clone")}
+        for verb in ("stop", "resume", "delete"):
+            buttons[verb].on_click(lambda _b, v=verb: self.ask(run, v))
+        buttons["clone"].on_click(lambda _b: self._choose_clone(run))
+        answer = w.HTML()
+        label = w.HTML(f"<code>{html.escape(run)}</code>", layout=w.Layout(width="70px"))
+        widget = w.HBox([label, *buttons.values(), answer])
+        return RunControls(answer=answer, widget=widget, **buttons)
+
+    def _draw_plot(self, runs: Sequence[RunResult], done: int) -> None:
+        """Keep each run's latest (step, loss) and redraw the curves when a chunk was trained
+        (the plot is the costly part of a refresh: only new chunks change it)."""
+        for run in runs:
+            loss = run.metrics.get("loss")
+            points = self._curves.setdefault(run.name, [])
+            if loss is not None and (not points or points[-1][0] < run.global_step):
+                points.append((run.global_step, float(loss)))
+        key = (done, len(runs))
+        if key == self._plotted or not any(self._curves.values()):
+            return
+        self._plotted = key
+        self.plot.value = _loss_png(self._curves)
+
+    # ------------------------------------------------------------------ steering
+
+    def ask(self, run: str, verb: str) -> None:
+        """Queue ``verb`` (``stop``, ``resume`` or ``delete``) on ``run``, as its button
+        does; the run's answer line shows the experiment's answer once it arrives."""
+        row = self.rows.get(run)
+        try:
+            log_from = len(self._trainer.op_log)
+            getattr(self._trainer, verb)(run)
+        except Exception as err:  # noqa: BLE001 - shown to the person who clicked
+            if row is not None:
+                row.answer.value = error_html(f"{verb}: {err}")
+            return
+        self._asked[run] = AskedOp(verb, log_from)
+        if row is not None:
+            row.answer.value = muted_html(f"{verb}: queued, applies at the next chunk boundary")
+        self.refresh()
+
+    def _asked_clone(self, run: str, asked: AskedOp) -> None:
+        """The form queued a clone of ``run``: its answer shows in that run's line too."""
+        self._asked[run] = asked
+        row = self.rows.get(run)
+        if row is not None:
+            row.answer.value = muted_html(f"{asked.verb}: queued, applies at the next chunk "
+                                          "boundary")
+        self.refresh()
+
+    def _choose_clone(self, run: str) -> None:
+        """A run's Clone button: the form, set to clone that run."""
+        self.form.source.value = run
+        self.form.fill(run)
+
+    # ------------------------------------------------------------------ polling
+
+    @property
+    def polling(self) -> bool:
+        """Whether the panel still refreshes by itself (false once training ended and its
+        final state is drawn, or after :meth:`close`)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def _start_polling(self) -> None:
+        if not self._poll or self._closed.is_set():
+            return
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            if self._thread is not None and not self._trainer.training:
+                return  # it ended after the final state was drawn; nothing trains now
+            self._thread = threading.Thread(target=self._polling, daemon=True,
+                                            name="trl-rapidfire-panel")
+            self._thread.start()
+
+    def _polling(self) -> None:
+        while not self._closed.wait(self.interval):
+            try:
+                signature = self._signature()
+                self._seen_training = self._seen_training or signature[2]
+                if signature != self._drawn:
+                    self.refresh()
+            except Exception as err:  # noqa: BLE001 - the panel polls on; kept for a look
+                self.error = err
+                continue
+            if self._seen_training and not signature[2]:
+                return  # training ended, and its final state is drawn
+
+    def close(self) -> None:
+        """Stop refreshing and remove the panel's widgets."""
+        self._closed.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        with self._lock:
+            _close_all(self.widget)
+
+
+def _total_chunks(trainer: Any) -> int | None:
+    """The experiment's chunks in all, where the trainer says (an RF trainer's engine does:
+    clones add chunks); else unknown, and the header shows the chunks trained alone."""
+    total = getattr(getattr(trainer, "engine", None), "total_chunks", None)
+    return total if isinstance(total, int) and not isinstance(total, bool) else None
+
+
+def _close_all(widget: Any) -> None:
+    for child in getattr(widget, "children", ()):
+        _close_all(child)
+    widget.close()
+
+
+def _loss_png(curves: dict[str, list[tuple[int, float]]]) -> bytes:
+    """The training loss of each run against its steps, as PNG bytes. A bare ``Figure``
+    (no pyplot): nothing global, so it is safe from the polling thread and opens no window."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6, 3), dpi=80)
+    axes = figure.add_subplot()
+    for name, points in curves.items():
+        if points:
+            steps, losses = zip(*points)
+            axes.plot(steps, losses, marker=".", label=name)
+    axes.set_xlabel("step")
+    axes.set_ylabel("training loss")
+    axes.legend(fontsize="small", loc="upper right")
+    figure.tight_layout()
+    out = io.BytesIO()
+    figure.savefig(out, format="png")
+    return out.getvalue()
