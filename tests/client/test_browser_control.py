@@ -9,14 +9,13 @@ the filled-in tag editor is saved to ``docs/img/tag_editor.png`` (the IC Ops gui
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from browser import chromium
+from held_run import HeldRun
 from mlflow_server import mlflow_server
-from transformers import TrainerCallback
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
 from trl_rapidfire.shared_state.runs import RunStatus
@@ -48,32 +47,6 @@ def server(tmp_path):
 def browser():
     with chromium(1400, 900) as driver:
         yield driver
-
-
-class _Gate(TrainerCallback):
-    """Holds the target run inside a chunk (so it is in flight when the tag lands) until the
-    person has saved the tag and the experiment's tracking thread has polled it."""
-
-    def __init__(self) -> None:
-        self.reached, self.release = threading.Event(), threading.Event()
-        self.trainer: RFSFTTrainer | None = None
-        self.timed_out = False
-
-    def __deepcopy__(self, memo):  # every run's trainer gets a copy: share this one
-        return self
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if args.learning_rate != TARGET_LR or state.global_step != GATE_STEP:
-            return
-        self.reached.set()
-        if not self.release.wait(timeout=300):
-            self.timed_out = True
-            return
-        # The tracking thread polls the control tags about once a second, on its own.
-        tracker = self.trainer.engine.tracker
-        deadline = time.monotonic() + 30
-        while TARGET not in tracker.pending_ops() and time.monotonic() < deadline:
-            time.sleep(0.05)
 
 
 def _wait_for(what: str, condition, timeout: float = 60.0):
@@ -135,7 +108,7 @@ def test_a_stop_set_in_the_ui_tag_editor_stops_the_run_at_its_next_boundary(
     from mlflow import MlflowClient
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
-    gate = _Gate()
+    gate = HeldRun(TARGET_LR, GATE_STEP, {TARGET})
     rf = RFSFTTrainer(
         model=tiny_model_path(),
         args=RFSFTConfig(output_dir=str(tmp_path / "exp"), learning_rate=List(LRS),

@@ -13,18 +13,17 @@ tracks to over HTTP (a remote tracking server). Needs Chromium, its driver and S
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
-import threading
-import time
 from pathlib import Path
 
 import pytest
 from browser import chromium
 from dashboard_process import Dashboard
+from held_run import HeldRun
 from mlflow_server import free_port, mlflow_server
-from transformers import TrainerCallback
 
 from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
 from trl_rapidfire.shared_state.runs import RunStatus
@@ -43,32 +42,6 @@ STOPPED, STOPPED_LR = "run-1", 3e-3
 PARENT, CLONE_LR = "run-0", 1e-4
 MAX_STEPS, CHUNKS = 8, 4  # 2 steps a chunk
 GATE_STEP = 3  # run-1 waits here, inside its second chunk, while the person clicks
-
-
-class _Gate(TrainerCallback):
-    """Holds run-1 inside a chunk (in flight when the buttons are clicked) until the person
-    has clicked and the experiment's tracking thread has seen both ops."""
-
-    def __init__(self) -> None:
-        self.reached, self.release = threading.Event(), threading.Event()
-        self.trainer: RFSFTTrainer | None = None
-        self.timed_out = False
-
-    def __deepcopy__(self, memo):  # every run's trainer gets a copy: share this one
-        return self
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if args.learning_rate != STOPPED_LR or state.global_step != GATE_STEP:
-            return
-        self.reached.set()
-        if not self.release.wait(timeout=300):
-            self.timed_out = True
-            return
-        tracker = self.trainer.engine.tracker
-        deadline = time.monotonic() + 30
-        while not {STOPPED, PARENT} <= tracker.pending_ops().keys() \
-                and time.monotonic() < deadline:
-            time.sleep(0.05)
 
 
 def _wait(driver, condition, what: str, timeout: float = 120.0):
@@ -114,7 +87,7 @@ def _click(driver, run: str, op: str) -> None:
     _wait(driver, clicked, f"{op} of {run} to be clickable")
 
 
-def _steer_in_panel(driver, panel: str, gate: _Gate, screenshot: Path | None) -> None:
+def _steer_in_panel(driver, panel: str, gate: HeldRun, screenshot: Path | None) -> None:
     """What the person does in the panel: stop run-1, clone run-0 at a lower learning rate,
     warm; then read both answers."""
     from selenium.webdriver.common.by import By
@@ -150,8 +123,8 @@ def _steer_in_panel(driver, panel: str, gate: _Gate, screenshot: Path | None) ->
         driver.save_screenshot(str(screenshot))
 
 
-def _experiment(tmp_path: Path) -> tuple[RFSFTTrainer, _Gate]:
-    gate = _Gate()
+def _experiment(tmp_path: Path) -> tuple[RFSFTTrainer, HeldRun]:
+    gate = HeldRun(STOPPED_LR, GATE_STEP, {STOPPED, PARENT})
     rf = RFSFTTrainer(
         model=tiny_model_path(),
         args=RFSFTConfig(output_dir=str(tmp_path / "exp"), learning_rate=List(LRS),
@@ -194,7 +167,7 @@ def _check_applied(rf: RFSFTTrainer, uri: str, output_dir: Path) -> None:
     assert float(made.params["learning_rate"]) == CLONE_LR
 
 
-def _train_and_steer(rf: RFSFTTrainer, gate: _Gate, driver, panel: str, tmp_path: Path,
+def _train_and_steer(rf: RFSFTTrainer, gate: HeldRun, driver, panel: str, tmp_path: Path,
                      screenshot: Path | None) -> None:
     rf.train(blocking=False)
     try:
@@ -202,10 +175,15 @@ def _train_and_steer(rf: RFSFTTrainer, gate: _Gate, driver, panel: str, tmp_path
     except Exception:
         driver.save_screenshot(str(tmp_path / "failure.png"))
         (tmp_path / "failure.html").write_text(driver.page_source, encoding="utf-8")
-        raise
-    finally:
+        # The steering's error is the one to see: the experiment is asked to stop at its
+        # next boundary, and an error of its own here would only hide the first.
         gate.release.set()
-        rf.wait(timeout=300)
+        rf.engine.interrupted = True
+        with contextlib.suppress(Exception):
+            rf.wait(timeout=300)
+        raise
+    gate.release.set()
+    rf.wait(timeout=300)
     assert not gate.timed_out
 
 

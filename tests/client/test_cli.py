@@ -101,6 +101,33 @@ def test_status_knob_columns_are_the_knobs_that_differ_a_few_and_cut():
     assert knob_columns(params, ["run-0", "run-1"]).names == ["learning_rate"]
 
 
+def test_the_knobs_that_differ_one_rule_from_the_knobs_tag_or_the_whole_config():
+    from trl_rapidfire.client.experiments import knob_columns, tracked_knobs
+    from trl_rapidfire.reports.display import differing_keys
+
+    # First seen first; a run lacking a key differs in it; values compare as JSON.
+    assert differing_keys([{"b": 1, "a": [1, 2]}, {"b": 1, "a": [1, 3]}, {"c": None, "b": 1}]
+                          ) == ["a", "c"]
+    assert differing_keys([{"lr": 1e-3}, {"lr": 0.001}]) == []
+    params = [{"learning_rate": "0.001", "output_dir": "out/runs/run-0", "seed": "0",
+               "peft_config": "LoraConfig(r=8)"},
+              {"learning_rate": "0.003", "output_dir": "out/runs/run-1", "seed": "0",
+               "peft_config": "LoraConfig(r=8)"}]
+    tags = [{"rapidfire.run": f"run-{i}", "rapidfire.knobs": '["learning_rate", "peft_config"]'}
+            for i in range(2)]
+    # The knobs tag names the knobs: those params alone, and only the ones that differ.
+    rows, names = tracked_knobs(params, tags)
+    assert rows == [{"learning_rate": "0.001", "peft_config": "LoraConfig(r=8)"},
+                    {"learning_rate": "0.003", "peft_config": "LoraConfig(r=8)"}]
+    assert names is None and knob_columns(rows, names).names == ["learning_rate"]
+    # A run without a readable tag (tracked before it; cut at its length limit): the whole
+    # config, where output_dir differs too but holds the run's own name.
+    tags[1]["rapidfire.knobs"] = '["learning_rate", "peft_con'
+    rows, names = tracked_knobs(params, tags)
+    assert names == ["run-0", "run-1"] and rows[0]["output_dir"] == "out/runs/run-0"
+    assert knob_columns(rows, names).names == ["learning_rate"]
+
+
 def test_quickstart_run_again_continues_its_experiment(monkeypatch, tmp_path, capsys):
     """Its folder is ./outputs/quickstart, not a new temporary one: the second run trains
     nothing, says it continues, and the first says how to start over."""

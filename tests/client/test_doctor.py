@@ -55,7 +55,7 @@ def test_the_command_reports_the_installed_stack(sqlite_run):
     assert f"trl            {md.version('trl')}" in stack
     for dist in ("transformers", "peft", "datasets", "accelerate", "mlflow", "filelock"):
         assert f"   {dist}" in stack or f"!! {dist}" in stack, stack
-    assert "python" in stack and "trl-rapidfire  0.1.0" in stack
+    assert "python" in stack and f"trl-rapidfire  {md.version('trl-rapidfire')}" in stack
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU")
@@ -124,6 +124,14 @@ def test_an_oversized_or_unreadable_config_is_refused_in_one_line(tmp_path):
     assert listed.problem == "a YAML list, not the mapping accelerate reads"
     (missing,) = _check(tmp_path, "num_processes: 2\n")
     assert missing.problem and "distributed_type -" in missing.problem
+    # Values of the wrong kind: refused in one line, never printed whole (an alias bomb is a
+    # few hundred bytes of YAML and a string of billions of characters).
+    bomb = "a: &a [x, x]\n" + "".join(f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}]\n" for p, c in
+                                       zip("abcdefgh", "bcdefghi"))
+    (nested,) = _check(tmp_path, bomb + "distributed_type: *i\nnum_processes: 2\n")
+    assert nested.problem == "distributed_type is a YAML list, not text"
+    (mpi,) = _check(tmp_path, "distributed_type: MULTI_CPU\nnum_processes: 2\nmpirun_config: x\n")
+    assert mpi.problem == "mpirun_config is a YAML str, not a mapping"
 
 
 def test_workers_by_config_and_gpus(tmp_path):
@@ -247,6 +255,9 @@ def test_local_stores_and_credentials(tmp_path):
     assert bad.fix and bad.fix.startswith(f"mkdir -p {missing} ")
     _, files = doctor.check_tracking(str(tmp_path / "mlruns"))
     assert files.value == f"yes, {tmp_path / 'mlruns'} is created by the first run"
+    for bad in ("http://localhost:50OO", "http://localhost:99999"):  # what http.client refuses
+        _, unreachable = doctor.check_tracking(bad)
+        assert unreachable.value == "no" and "--port 5000" in unreachable.fix, bad
     assert doctor.redact("https://me:pw@host:5000/x?token=abc") == "https://host:5000/x?token=***"
     assert doctor.redact("sqlite:////a/b.db") == "sqlite:////a/b.db"
 

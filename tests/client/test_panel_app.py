@@ -70,3 +70,23 @@ def test_bodies_are_bounded_and_must_be_objects(client):
     bad = client.post("/rapidfire/api/check-op", data=b"{not json",
                       content_type="application/json").get_json()
     assert bad["error"].startswith("bad request")
+    # Nested past the parser's depth bound: refused as bad text, not a server error.
+    deep = client.post("/rapidfire/api/check-op", data=b"[" * 16000,
+                       content_type="application/json")
+    assert deep.status_code != 500 and "deep" in deep.get_json()["error"]
+
+
+def test_the_pages_curves_use_the_reports_colours_and_line_styles():
+    """panel.js draws each run as ``trl-rapidfire report`` does (plot_style.py): the same 20
+    colours by run index and the same line-style rounds, written out in the page."""
+    import re
+    from importlib import resources
+
+    from trl_rapidfire.reports.plot_style import LINE_STYLES, PALETTE
+
+    script = resources.files("trl_rapidfire.client").joinpath("panel_static", "panel.js")
+    text = script.read_text()
+    palette = re.search(r"const PALETTE = \[(.*?)\];", text, re.S).group(1)
+    assert tuple(re.findall(r'"(#[0-9a-f]{6})"', palette)) == PALETTE
+    dashes = re.search(r"const DASHES = \[(.*)\];\s*//(.*)", text)
+    assert tuple(re.findall(r'"([^"]+)"', dashes.group(2))) == LINE_STYLES

@@ -1,7 +1,8 @@
-"""A real Jupyter kernel runs the notebook way of working: ``train(blocking=False)``, a stop
-through the Python API while it trains, then ``wait()``; the runs table is one output that
-refreshes in place (nbclient applies the kernel's display updates to the output with the same
-display id, as Jupyter's front ends do).
+"""A real Jupyter kernel without ipywidgets (no ``notebook`` extra; with it, ``train()`` shows
+the control panel instead: tests/reports/test_notebook_panel.py) runs the notebook way of
+working: ``train(blocking=False)``, a stop through the Python API while it trains, then
+``wait()``; the runs table is one output that refreshes in place (nbclient applies the
+kernel's display updates to the output with the same display id, as Jupyter's front ends do).
 
 All three are in one cell: nbclient keeps only the outputs of the cell executing when they
 arrive, and the training thread's first table may come between two cells (a front end shows it
@@ -20,7 +21,8 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 SETUP = """\
-import os
+import os, sys
+sys.modules["ipywidgets"] = None  # as without the notebook extra: it cannot be imported
 os.environ["HF_HUB_OFFLINE"] = "1"
 import torch
 torch.set_num_threads(1)
@@ -55,9 +57,9 @@ def test_a_notebook_trains_in_the_background_and_its_runs_table_refreshes_in_pla
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for cell in nb.cells for o in cell.outputs]
-    statuses = json.loads(
-        "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream"
-                and o.name == "stdout").strip().replace("'", '"'))
+    stdout = "".join(o.get("text", "") for o in nb.cells[0].outputs
+                     if o.output_type == "stream" and o.name == "stdout")
+    statuses = json.loads(stdout.strip().splitlines()[-1].replace("'", '"'))
     assert statuses == {"run-0": "completed", "run-1": "completed", "run-2": "stopped"}
     tables = [o for o in outputs if o.output_type == "display_data"
               and "knobs" in o.data.get("text/plain", "")]
@@ -70,3 +72,9 @@ def test_a_notebook_trains_in_the_background_and_its_runs_table_refreshes_in_pla
     assert set(rows) == {"run-0", "run-1", "run-2"}
     assert "completed" in rows["run-0"] and "completed" in rows["run-1"]
     assert "stopped" in rows["run-2"]
+    # The bar is tqdm's text one (its widget bar would fail: "IProgress not found", as the bars
+    # of transformers' loading steps say here), and one line says what the extra would add.
+    stderr = "".join(o.get("text", "") for o in outputs
+                     if o.output_type == "stream" and o.name == "stderr")
+    assert "chunk/s]" in stderr
+    assert 'needs ipywidgets: pip install "trl-rapidfire[notebook]"' in stdout

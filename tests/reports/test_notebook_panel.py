@@ -1,11 +1,13 @@
 """``trainer.panel()``: the notebook's control panel (trl_rapidfire/reports/notebook_panel.py).
 
-The kernel test runs a real Jupyter kernel: ``train(blocking=False)``, the panel shown as the
-cell's value, then, in a later cell, the panel refreshing by itself (its polling thread) while
-the kernel is idle or runs other code, a click on run-1's Stop button and on the clone form's
-Clone button through the widgets' own API (``button.click()``, what a front end's click
-does), and ``wait()``. The fast tests drive the same widgets against a fake trainer that only
-implements :class:`~trl_rapidfire.reports.notebook_form.PanelTrainer`.
+The kernel test runs a real Jupyter kernel: ``train(blocking=False)``, which shows the panel
+in its cell (a notebook's progress view), then, in a later cell, the panel refreshing by
+itself (its polling thread) while the kernel is idle or runs other code, a click on run-1's
+Stop button and on the clone form's Clone button through the widgets' own API
+(``button.click()``, what a front end's click does), and ``wait()``. The test in JupyterLab
+(test_notebook_in_jupyterlab.py) clicks with Chromium instead. The fast tests drive the same
+widgets against a fake trainer that only implements
+:class:`~trl_rapidfire.reports.notebook_form.PanelTrainer`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ class FakeTrainer:
         self.schedule: list[int] = []
         self.training = True
         self.asked: list[tuple] = []
+        self.history_reads: list[str] = []
+
+    def metric_history(self, run, key="loss"):
+        self.history_reads.append(run)
+        found = next(r for r in self.runs if r.name == run)
+        return [(step, 2.5) for step in range(1, found.global_step)] + (
+            [(found.global_step, found.metrics[key])] if key in found.metrics else [])
 
     def stop(self, run):
         self.asked.append(("stop", run))
@@ -134,6 +143,21 @@ def test_the_panel_polls_until_training_ended_and_draws_the_end():
     panel.close()
 
 
+def test_the_plot_reads_the_history_of_the_runs_that_moved_only():
+    trainer = FakeTrainer()
+    panel = _panel(trainer)
+    assert trainer.history_reads == ["run-0", "run-1"]
+    first = panel.plot.value
+    panel.refresh()  # nothing trained since: no history read, the same picture
+    assert trainer.history_reads == ["run-0", "run-1"] and panel.plot.value == first
+    trainer.runs[0].global_step = 6  # run-0 trained a chunk
+    trainer.schedule.append(1)
+    panel.refresh()
+    assert trainer.history_reads == ["run-0", "run-1", "run-0"]
+    assert panel.plot.value != first
+    panel.close()
+
+
 SETUP = """\
 import os, threading, time
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -163,18 +187,18 @@ config = RFSFTConfig(output_dir={out!r}, learning_rate=List([1e-3, 3e-3, 1e-2]),
 trainer = RFSFTTrainer(model=tiny_model_path(), args=config,
                        train_dataset=make_sft_dataset(64, seed=1),
                        peft_config=tiny_lora_config(r=4), callbacks=[gate])
-trainer.train(blocking=False)
-while trainer.training and not trainer.schedule:  # the progress bar is up (in this cell)
-    time.sleep(0.01)
-panel = trainer.panel()
-panel
+trainer.train(blocking=False)  # shows the panel in this cell
+panel = trainer.panel()  # the same panel, to click its buttons from the next cell
+assert panel is trainer.panel()
 """
 CLICK = """\
-import json
+import json, re
 assert gate.reached.wait(timeout=300)
 deadline = time.monotonic() + 60
-while panel.refreshes < 2 or "run-1" not in panel.table.value:  # the polling thread's work
-    assert time.monotonic() < deadline, panel.refreshes
+# The polling thread's work, before any click: a run's steps drawn (the gate holds run-1).
+while not re.search(r"<tr><td[^>]*>run-\\d</td><td[^>]*>\\w+</td><td[^>]*>[1-9]",
+                    panel.table.value):
+    assert time.monotonic() < deadline, panel.table.value
     time.sleep(0.05)
 seen = {"refreshes": panel.refreshes, "table": panel.table.value}
 panel.rows["run-1"].stop.click()
@@ -223,7 +247,7 @@ def test_in_a_kernel_the_panel_refreshes_while_training_and_its_stop_button_stop
     assert got["seen"]["refreshes"] >= 2
     seen_rows = _table_rows(got["seen"]["table"])
     assert set(seen_rows) == {"run-0", "run-1", "run-2"}
-    assert any(int(cells[2]) > 0 for cells in seen_rows.values())
+    assert any(int(cells[2]) > 0 for cells in seen_rows.values()), got["seen"]
 
     # The Stop click stopped run-1 at its chunk's end; the others (and the clone) completed.
     assert got["statuses"] == {"run-0": "completed", "run-1": "stopped", "run-2": "completed",
@@ -249,10 +273,14 @@ def test_in_a_kernel_the_panel_refreshes_while_training_and_its_stop_button_stop
               if str(s["state"].get("value", "")).startswith("<table>")]
     assert tables == [got["table"]]
 
-    # Widget views in the outputs: the panel (the cell's value) and the experiment's progress
-    # bar, a tqdm widget now; no "IProgress not found" (tqdm's warning without ipywidgets).
+    # train() showed the panel in its cell, as the progress view: one widget view there, and
+    # neither tqdm's bar nor the text runs table besides (they would say the same twice).
+    # (The other widget views are the bars of transformers' and datasets' loading steps.)
     views = [o for o in outputs if WIDGET_VIEW in o.get("data", {})]
-    assert any(o.output_type == "execute_result" for o in views)
-    assert any(o.data["text/plain"].startswith("chunks") for o in views), \
-        [o.data["text/plain"] for o in views]
+    panels = [o for o in views if o.data["text/plain"].startswith("VBox(")]
+    assert [o in nb.cells[0].outputs and o.output_type for o in panels] == ["display_data"]
+    assert not [o for o in views if o.data["text/plain"].startswith("chunks")]
+    assert not [o for o in outputs if o.output_type == "display_data"
+                and "knobs" in o.data.get("text/plain", "")]  # the text runs table
+    assert "chunk/s" not in json.dumps(outputs)  # tqdm's text bar
     assert "IProgress not found" not in json.dumps(outputs)

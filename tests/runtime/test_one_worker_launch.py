@@ -34,7 +34,10 @@ def test_reads_num_processes_from_the_launch_options_only():
 def _launch(tmp_path, *options: str) -> subprocess.CompletedProcess:
     script = tmp_path / "probe.py"
     script.write_text(_PROBE)
-    env = dict(os.environ, ACCELERATE_CONFIG_FILE=str(tmp_path / "none.yaml"))
+    # No accelerate config (HF_HOME is where `accelerate launch` looks for its default one: a
+    # developer's own could ask for MULTI_GPU) and no GPU (with 2+ accelerate turns multi_gpu
+    # on by itself): the CPU launch a person makes here.
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf-home"), CUDA_VISIBLE_DEVICES="")
     return subprocess.run(
         # As a person types it: the `accelerate` command, then `launch`.
         [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", *options,

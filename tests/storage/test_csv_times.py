@@ -77,3 +77,12 @@ def test_ops_times_are_iso_utc_text_and_an_old_float_log_still_reads(tmp_path):
                    "soon,tag,run-1,stop,ok: stopped\n")  # not a time: skipped
     assert [(e.time, e.run) for e in read_ops(old)] == [(1796497023.5, "run-0")]
     assert utc_text(1796497023.5) == "2026-12-05T18:57:03.500000Z"
+
+
+def test_a_time_that_could_not_be_written_back_is_no_time():
+    import pytest
+
+    for bad in ("9999-12-31T23:59:59-01:00", "nan", "1e300"):  # past year 9999 once in UTC
+        with pytest.raises(ValueError, match="is not a time"):
+            utc_seconds(bad)
+    assert utc_text(utc_seconds("9999-12-31T23:59:59+01:00")) == "9999-12-31T22:59:59.000000Z"

@@ -134,3 +134,10 @@ def test_wait_returns_where_a_stopped_best_run_got_to(tmp_path):
     history = rf.run_trainer("run-0").state.log_history
     losses = [e["loss"] for e in history if "loss" in e]
     assert out.training_loss == pytest.approx(sum(losses) / len(losses))
+
+
+def test_a_rerun_of_a_finished_experiment_returns_the_trainers_own_train_loss(tmp_path):
+    first = _trainer(tmp_path / "exp", lrs=(1e-3,), logging_steps=1).train()
+    again = _trainer(tmp_path / "exp", lrs=(1e-3,), logging_steps=1).train()  # nothing left
+    assert again.global_step == first.global_step
+    assert again.training_loss == first.training_loss  # the Trainer's, not a mean rebuilt

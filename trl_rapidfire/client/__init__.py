@@ -1,7 +1,9 @@
 """The client: what a person runs from another process.
 
-Owns the ``trl-rapidfire`` command (``cli``), the dashboard, reading a tracking store's runs
-without importing MLflow (``tracked_runs``, ``experiments``) and sending ops (``send``).
+Owns the ``trl-rapidfire`` command (``cli``), the dashboard and the browser's control panel
+(``dashboard``, ``panel_app``), ``trl-rapidfire doctor`` (``doctor``), reading a tracking
+store's runs without importing MLflow (``tracked_runs``, ``experiments``) and sending ops
+(``send``).
 
 May import: every other layer (the top one).
 """

@@ -223,15 +223,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return _status_of_folder(args.output_dir, args.full)
     from ..reports.display import table
     from ..reports.report import format_value
-    from .experiments import knob_columns
+    from .experiments import knob_columns, tracked_knobs
     from .send import experiment_runs, find_experiment
 
     exp = find_experiment(**_where(args))
     rows = []
     runs = experiment_runs(exp)
-    # The knobs are in each run's params, among its whole config: those that differ.
-    knobs = knob_columns([dict(sorted(run.params.items())) for run in runs],
-                         [run.tags.get("rapidfire.run", "") for run in runs], full=args.full)
+    # The knobs are among each run's params (its whole config): those that differ.
+    knobs = knob_columns(*tracked_knobs([run.params for run in runs],
+                                        [run.tags for run in runs]), full=args.full)
     # An adaptive search's runs: which trial each is, and when the sampler proposed it.
     proposed = any("rapidfire.trial" in run.tags for run in runs)
     for run, cells in zip(runs, knobs.cells):

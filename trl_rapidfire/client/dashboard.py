@@ -125,21 +125,15 @@ def runs_view_state(knobs: Sequence[str] = ()) -> dict[str, Any]:
 
 
 def _knobs(runs: Sequence[Any]) -> list[str]:
-    """Params whose values differ between ``runs``: the knobs of the sweep. A param holding the
-    run's own name (its output_dir, run_name, ...) differs too but says nothing."""
-    from ..tracking.tags import RUN_TAG
+    """The params that are the knobs of the sweep and differ between ``runs`` (the rule of
+    every runs table: :func:`~.experiments.tracked_knobs`, then
+    :func:`~trl_rapidfire.reports.display.differing_keys`)."""
+    from ..reports.display import differing_keys
+    from .experiments import tracked_knobs
 
-    keys = sorted({k for run in runs for k in run.data.params})
-    names = [run.data.tags.get(RUN_TAG) or run.info.run_name or "" for run in runs]
-    knobs = []
-    for key in keys:
-        values = [run.data.params.get(key) for run in runs]
-        if len(set(values)) < 2:
-            continue
-        if any(name and value and name in value for name, value in zip(names, values)):
-            continue
-        knobs.append(key)
-    return knobs[:_MAX_KNOB_COLUMNS]
+    rows, names = tracked_knobs([run.data.params for run in runs],
+                                [run.data.tags for run in runs])
+    return differing_keys(rows, names)[:_MAX_KNOB_COLUMNS]
 
 
 def ensure_runs_view(client: Any, experiment_id: str) -> None:

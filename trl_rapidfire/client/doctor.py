@@ -7,6 +7,7 @@ when they are broken): devices come from a ``python -c`` subprocess (:func:`prob
 from __future__ import annotations
 
 import contextlib
+import http.client
 import importlib.metadata as md
 import json
 import os
@@ -176,8 +177,17 @@ def check_accelerate(path: Path, dev: Devices) -> list[Finding]:
             config = yaml.safe_load(path.read_text(encoding="utf-8"))
         if not isinstance(config, dict):
             raise ValueError(f"a YAML {type(config).__name__}, not the mapping accelerate reads")
-        dist = str(config.get("distributed_type", "")).upper()
-        dist = "NO" if dist == "FALSE" else dist  # YAML reads an unquoted NO as false
+        raw = config.get("distributed_type", "")
+        # YAML reads an unquoted NO as false. Anything but text is refused before str() could
+        # spell out a nested value (an alias bomb is small to read, huge to print).
+        if raw is False:
+            raw = "NO"
+        if not isinstance(raw, str):
+            raise ValueError(f"distributed_type is a YAML {type(raw).__name__}, not text")
+        dist = raw.upper()
+        mpirun = config.get("mpirun_config") or {}
+        if not isinstance(mpirun, dict):
+            raise ValueError(f"mpirun_config is a YAML {type(mpirun).__name__}, not a mapping")
         asked: Any = config.get("num_processes", 1 if dist == "NO" else None)
         machines: Any = config.get("num_machines") or 1
         if not dist or not all(isinstance(n, int) and n >= 1 for n in (asked, machines)):
@@ -190,8 +200,7 @@ def check_accelerate(path: Path, dev: Devices) -> list[Finding]:
                if isinstance(err, yaml.YAMLError) else str(err))
         return [Finding("accelerate", "config", str(path), why, "fix or remove it, or write a "
                         "new one: accelerate config")]
-    many = dist in _MANY or (dist == "MULTI_CPU" and (config.get("mpirun_config") or {}).get(
-        "mpirun_hostfile"))
+    many = dist in _MANY or (dist == "MULTI_CPU" and bool(mpirun.get("mpirun_hostfile")))
     workers = max(asked // machines, 1) if many else 1
     problem: str | None = None
     if asked > 1 and not many:
@@ -262,11 +271,15 @@ def check_tracking(uri: str, timeout: float = HTTP_TIMEOUT) -> list[Finding]:
             said = f"yes, /health says {answer.read(64).decode('utf-8', 'replace').strip()!r}"
     except urllib.error.HTTPError as err:
         said = f"HTTP {err.code} at /health"
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, http.client.HTTPException) as err:  # InvalidURL, a bad port
+        try:
+            port = parts.port or 5000
+        except ValueError:
+            port = 5000
         return [*found, Finding(
             "tracking", "reachable", "no", f"no answer ({getattr(err, 'reason', None) or err})",
             "start it (mlflow server --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 "
-            f"--port {parts.port or 5000}), or unset MLFLOW_TRACKING_URI for ./mlflow.db")]
+            f"--port {port}), or unset MLFLOW_TRACKING_URI for ./mlflow.db")]
     return [*found, _flag("tracking", "reachable", said, not said.endswith("'OK'"),
                           "not an MLflow server's answer (OK)", "check the URI's host and port")]
 

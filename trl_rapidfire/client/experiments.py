@@ -10,6 +10,7 @@ experiment that is training; none or several is an error that lists them, never 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -22,7 +23,7 @@ from ..tracking.tags import read_experiment_id
 from .tracked_runs import RunCatalog, TrackedRun, open_catalog, sqlite_path
 
 __all__ = ["Experiment", "KnobColumns", "experiment_runs", "find_experiment", "knob_columns",
-           "list_experiments"]
+           "list_experiments", "tracked_knobs"]
 
 _LISTED = 5  # experiments named in a message
 # The knob columns of a status table: a few, each value cut, so that a line stays readable
@@ -197,6 +198,33 @@ class KnobColumns:
     hidden: int = 0
 
 
+def tracked_knobs(params: Sequence[Mapping[str, str]], tags: Sequence[Mapping[str, str]]
+                  ) -> tuple[list[dict[str, str]], list[str] | None]:
+    """Each tracked run's knob values, from its MLflow params and tags, and what
+    :func:`knob_columns` needs to find the knobs among them: ``(rows, run_names)``.
+
+    A run's ``rapidfire.knobs`` tag names its knobs (a JSON list): where every run has one,
+    the rows hold those params alone and ``run_names`` is ``None``. Runs tracked before that
+    tag (or with a tag that does not read as a list of names: it is text from outside) give
+    their whole config, sorted, with their names, so that params holding a run's own name
+    (``output_dir``) are left out."""
+    from ..tracking.tags import KNOBS_TAG, RUN_TAG
+
+    rows: list[dict[str, str]] = []
+    for run_params, run_tags in zip(params, tags):
+        try:
+            names = json.loads(run_tags.get(KNOBS_TAG) or "null")
+        except ValueError:  # cut at its length limit, or not ours
+            names = None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            break
+        rows.append({n: run_params[n] for n in names if n in run_params})
+    else:
+        return rows, None
+    return ([dict(sorted(p.items())) for p in params],
+            [t.get(RUN_TAG, "") for t in tags])
+
+
 def knob_columns(knobs: Sequence[Mapping[str, Any]], run_names: Sequence[str] | None = None,
                  *, full: bool = False) -> KnobColumns:
     """The knobs whose values differ between the runs (``knobs``: each run's knob values: the
@@ -205,18 +233,11 @@ def knob_columns(knobs: Sequence[Mapping[str, Any]], run_names: Sequence[str] | 
     runs share says nothing about any one of them. With ``run_names`` (MLflow params: the whole
     config), a param whose value holds the run's own name (its ``output_dir``) differs too but
     is no knob: left out."""
-    from ..reports.display import clip
+    from ..reports.display import clip, differing_keys
     from ..reports.report import format_value
 
-    found: list[tuple[str, list[str]]] = []
-    for key in dict.fromkeys(k for run in knobs for k in run):
-        values = [format_value(run.get(key)) for run in knobs]
-        if len(set(values)) < 2:
-            continue
-        if run_names is not None and any(name and name in value
-                                         for name, value in zip(run_names, values)):
-            continue
-        found.append((key, values))
+    found = [(key, [format_value(run.get(key)) for run in knobs])
+             for key in differing_keys(knobs, run_names)]
     shown = found if full else found[:KNOB_COLUMNS]
     cells = [[values[i] if full else clip(values[i], KNOB_CHARS) for _, values in shown]
              for i in range(len(knobs))]

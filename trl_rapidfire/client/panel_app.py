@@ -4,10 +4,12 @@ An MLflow *app plugin* (entry point ``mlflow.app`` named ``trl-rapidfire``): ``m
 --app-name trl-rapidfire`` (``trl-rapidfire dashboard`` starts it so) adds the panel at
 ``/rapidfire/`` on the UI's own host and port. The page is static; everything it reads and
 writes goes through MLflow's own REST API from the browser (``runs/search``,
-``metrics/get-history``, ``runs/set-tag``), with the UI's origin and whatever authentication
-the server has. So the panel opens no new way in: a button does what a person editing the
-run's ``rapidfire.op`` tag in the UI does, and works the same against a remote tracking server
-that has the plugin installed.
+``metrics/get-history``, ``runs/set-tag``), with the UI's origin. So the panel opens no new
+way in: a button does what a person editing the run's ``rapidfire.op`` tag in the UI does, and
+works the same against a remote tracking server that has the plugin installed. One limit:
+``mlflow server`` runs one app, so a server that needs MLflow's own login (``--app-name
+basic-auth``) cannot serve this panel as well; started with ``--app-name trl-rapidfire``
+instead, it has no login (docs/control-panel.md says so).
 
 The server side adds two read-only answers the page asks before it sets a tag, so that a typo
 is said at once instead of later in the run's answer tag:
@@ -48,7 +50,11 @@ def _body(request: Any) -> dict[str, Any]:
     length = request.content_length
     if length is None or length > _MAX_BODY:
         raise ValueError(f"a JSON body of at most {_MAX_BODY} bytes is expected")
-    doc = json.loads(request.get_data(cache=False)[:_MAX_BODY])
+    from ..storage.outside_text import loads
+
+    # Bounded in depth too: a body of 16 KiB of "[" would exhaust the parser's recursion.
+    doc = loads(request.get_data(cache=False)[:_MAX_BODY], what="the request body",
+                max_bytes=_MAX_BODY)
     if not isinstance(doc, dict):
         raise ValueError("a JSON object is expected")
     return doc

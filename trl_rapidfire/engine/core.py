@@ -103,7 +103,9 @@ class Engine:
         self.stats = EngineStats()
         self.hooks = LoopHooks()
         self.interrupted = False
-        self._progress_enabled = progress
+        self.show_progress = progress
+        """Whether :meth:`run` shows its progress bar and runs table (on the first worker);
+        a notebook's control panel, when shown in their place, turns it off."""
         self._progress: ExperimentProgress | None = None
         self._registered = False
         # A disk fault stopped the experiment: this engine trains no more; a re-run continues.
@@ -271,7 +273,7 @@ class Engine:
         handler it replaced."""
         # Under a launch the first worker shows the experiment's progress for all of them.
         self._progress = ExperimentProgress(
-            self.total_chunks, enabled=self._progress_enabled and self.worker.rank == 0
+            self.total_chunks, enabled=self.show_progress and self.worker.rank == 0
         )
         # Every run's train() starts with accelerate's free_memory(), a full gc.collect() over
         # everything the process holds (~0.2 s a run with the HF stack imported). The models,

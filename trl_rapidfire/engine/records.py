@@ -266,10 +266,13 @@ class RunSlot:
         return live
 
     def train_output(self) -> Any:
-        """The run's ``TrainOutput``: what its ``train()`` returned, or, for a run that did not
-        finish (stopped), one of where it got to: its step, the mean of its logged training
-        losses (the Trainer's ``training_loss`` is the mean over its steps) and its latest
-        metrics. ``None`` before it has a trainer state."""
+        """The run's ``TrainOutput``: what its ``train()`` returned in this process, or one
+        rebuilt from its trainer state: its step, its training loss and its latest metrics.
+        The loss is the Trainer's own ``train_loss`` where its log holds one (a run that
+        completed in an earlier process: a re-run of a finished script), else, for a run
+        that did not finish (stopped), the mean of its logged training losses (the Trainer's
+        ``training_loss`` is the mean over its steps). ``None`` before it has a trainer
+        state."""
         if self.outcome.train_output is not None:
             return self.outcome.train_output
         state = self.latest_trainer_state()
@@ -277,10 +280,11 @@ class RunSlot:
             return None
         from transformers.trainer_utils import TrainOutput
 
-        losses = [e["loss"] for e in state.log_history
-                  if isinstance(e.get("loss"), (int, float))]
-        return TrainOutput(int(state.global_step), sum(losses) / len(losses) if losses else 0.0,
-                           latest_metrics(state.log_history))
+        history = state.log_history
+        finals = [e["train_loss"] for e in history if isinstance(e.get("train_loss"), (int, float))]
+        losses = [e["loss"] for e in history if isinstance(e.get("loss"), (int, float))]
+        loss = finals[-1] if finals else sum(losses) / len(losses) if losses else 0.0
+        return TrainOutput(int(state.global_step), loss, latest_metrics(history))
 
     def live_trainer(self) -> RunTrainer:
         """The run's trainer: every run that trains has one (a run that failed before its

@@ -26,6 +26,7 @@ from ..storage.outside_text import STATE_BYTES
 from ..storage.own_files import read_json
 from ..storage.schedule import ChunkRecord, read_schedule_csv
 from ..tracking.tags import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG, STATUS_TAG, resolve_tracking_uri
+from .results import metric_points
 
 __all__ = [
     "TRAIN_METRIC",
@@ -197,22 +198,6 @@ def _scheduler_runs(output_dir: Path) -> dict[str, dict[str, Any]]:
     return {str(n): r for n, r in runs.items() if isinstance(r, dict)}
 
 
-def _points(log_history: Any, keys: Iterable[str]) -> dict[str, list[tuple[int, float]]]:
-    """``{key: [(step, value), ...]}`` from a Trainer ``log_history``; a later entry for the
-    same step wins, as a re-logged point would in MLflow."""
-    out: dict[str, dict[int, float]] = {}
-    if not isinstance(log_history, list):
-        return {}
-    for entry in log_history:
-        if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
-            continue
-        for key in keys:
-            value = entry.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                out.setdefault(key, {})[entry["step"]] = float(value)
-    return {k: sorted(v.items()) for k, v in out.items()}
-
-
 def _disk_state(output_dir: Path, run: str) -> Path | None:
     layout = Layout(output_dir)
     try:  # a run name read from the folder never leads a read out of it
@@ -239,7 +224,7 @@ def _disk_histories(output_dir: Path, runs: Iterable[str], keys: Sequence[str]
         path = _disk_state(output_dir, run)
         doc = _read_json(path) if path is not None else None
         if isinstance(doc, dict):
-            out[run] = _points(doc.get("log_history"), keys)
+            out[run] = metric_points(doc.get("log_history"), keys)
     return out
 
 

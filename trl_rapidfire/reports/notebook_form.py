@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from ..control.ops import OpRecord
 from ..shared_state.runs import RunStatus
+from .display import differing_keys
 from .report import format_value
 from .results import RunResult
 
@@ -41,6 +42,8 @@ class PanelTrainer(Protocol):
 
     @property
     def training(self) -> bool: ...
+
+    def metric_history(self, run: str, key: str = "loss") -> list[tuple[int, float]]: ...
 
     def stop(self, run: str) -> None: ...
 
@@ -81,16 +84,9 @@ def _field_text(value: Any) -> str:
 
 
 def differing_knobs(runs: Sequence[RunResult]) -> list[str]:
-    """The knobs whose values are not the same in every run, in first-seen order (a knob all
-    runs share tells them apart in nothing)."""
-    names: dict[str, set[str]] = {}
-    for run in runs:
-        for name in run.knobs:
-            names.setdefault(name, set())
-    for name, seen in names.items():
-        for run in runs:
-            seen.add(format_value(run.knobs[name]) if name in run.knobs else "\0missing")
-    return [name for name, seen in names.items() if len(seen) > 1]
+    """The knobs whose values are not the same in every run
+    (:func:`~.display.differing_keys`, the one rule of the tables and the panels)."""
+    return differing_keys([run.knobs for run in runs])
 
 
 @dataclass

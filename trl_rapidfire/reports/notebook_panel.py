@@ -14,6 +14,7 @@ is made, so the rest of the package never needs it.
 from __future__ import annotations
 
 import html
+import importlib.util
 import io
 import threading
 from collections.abc import Sequence
@@ -32,10 +33,12 @@ from .notebook_form import (
     muted_html,
     widgets,
 )
+from .plot_style import run_styles
+from .progress import notebook_display
 from .report import format_value
 from .results import RunResult
 
-__all__ = ["NotebookPanel", "PanelTrainer", "RunControls"]
+__all__ = ["NotebookPanel", "PanelTrainer", "RunControls", "panel_can_show"]
 
 # Statuses the Stop button makes sense in (the buttons of the others are disabled, so a click
 # never asks for what the op desk would refuse anyway).
@@ -88,13 +91,15 @@ class NotebookPanel:
         self._seen_training = False
         self._plotted: tuple[int, int] | None = None
         self._curves: dict[str, list[tuple[int, float]]] = {}
+        self._curve_steps: dict[str, int] = {}  # each run's step when its curve was read
         self._asked: dict[str, AskedOp] = {}
         self.rows: dict[str, RunControls] = {}
         """Each run's buttons and answer line, by run name."""
         self.header = w.HTML()
         self.bar = w.IntProgress(min=0, max=1, value=0, description="chunks")
         self.table = w.HTML()
-        self.plot = w.Image(format="png")
+        # Shown at its own size (700 px, the figure's): scaled up, it blurs.
+        self.plot = w.Image(format="png", layout=w.Layout(width="700px"))
         self.form = CloneForm(trainer, on_asked=self._asked_clone)
         self._controls = w.VBox()
         self.widget = w.VBox([w.HBox([self.bar, self.header]), self.table, self._controls,
@@ -106,6 +111,19 @@ class NotebookPanel:
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         """Shown as its widget when a cell ends with it."""
         return self.widget._repr_mimebundle_(**kwargs)
+
+    def show(self) -> None:
+        """Show the panel as an output of the running cell (as a cell ending with it would),
+        and keep it refreshing while the trainer trains."""
+        display = notebook_display()
+        if display is not None:
+            display(self)
+        self.refresh()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` removed the panel."""
+        return self._closed.is_set()
 
     def refresh(self) -> None:
         """Redraw from the trainer's state now (and start polling if it trains)."""
@@ -192,18 +210,19 @@ class NotebookPanel:
         return RunControls(answer=answer, widget=widget, **buttons)
 
     def _draw_plot(self, runs: Sequence[RunResult], done: int) -> None:
-        """Keep each run's latest (step, loss) and redraw the curves when a chunk was trained
-        (the plot is the costly part of a refresh: only new chunks change it)."""
-        for run in runs:
-            loss = run.metrics.get("loss")
-            points = self._curves.setdefault(run.name, [])
-            if loss is not None and (not points or points[-1][0] < run.global_step):
-                points.append((run.global_step, float(loss)))
+        """Redraw the curves when a chunk was trained (the plot is the costly part of a
+        refresh: only new chunks change it), reading the whole logged history of the runs
+        whose step moved since (at most the runs that trained a chunk since the last draw)."""
         key = (done, len(runs))
-        if key == self._plotted or not any(self._curves.values()):
+        if key == self._plotted:
             return
+        for run in runs:
+            if self._curve_steps.get(run.name) != run.global_step:
+                self._curve_steps[run.name] = run.global_step
+                self._curves[run.name] = self._trainer.metric_history(run.name, "loss")
         self._plotted = key
-        self.plot.value = _loss_png(self._curves)
+        if any(self._curves.values()):
+            self.plot.value = _loss_png(self._curves)
 
     # ------------------------------------------------------------------ steering
 
@@ -281,6 +300,11 @@ class NotebookPanel:
             _close_all(self.widget)
 
 
+def panel_can_show() -> bool:
+    """Whether a panel can show here: a Jupyter kernel, with ipywidgets installed."""
+    return notebook_display() is not None and importlib.util.find_spec("ipywidgets") is not None
+
+
 def _total_chunks(trainer: Any) -> int | None:
     """The experiment's chunks in all, where the trainer says (an RF trainer's engine does:
     clones add chunks); else unknown, and the header shows the chunks trained alone."""
@@ -295,19 +319,23 @@ def _close_all(widget: Any) -> None:
 
 
 def _loss_png(curves: dict[str, list[tuple[int, float]]]) -> bytes:
-    """The training loss of each run against its steps, as PNG bytes. A bare ``Figure``
+    """The training loss of each run against its steps, as PNG bytes, each run in its colour,
+    line style and marker of ``trl-rapidfire report`` (:mod:`.plot_style`). A bare ``Figure``
     (no pyplot): nothing global, so it is safe from the polling thread and opens no window."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(6, 3), dpi=80)
+    figure = Figure(figsize=(7, 3), dpi=100)
     axes = figure.add_subplot()
+    styles = run_styles(list(curves))
     for name, points in curves.items():
         if points:
             steps, losses = zip(*points)
-            axes.plot(steps, losses, marker=".", label=name)
+            axes.plot(steps, losses, label=name, markersize=3, **styles[name].line())
     axes.set_xlabel("step")
     axes.set_ylabel("training loss")
-    axes.legend(fontsize="small", loc="upper right")
+    axes.grid(alpha=0.3)
+    if len(curves) <= 20:  # beyond, a legend would cover the plot: the table names them
+        axes.legend(fontsize="small", loc="upper right")
     figure.tight_layout()
     out = io.BytesIO()
     figure.savefig(out, format="png")

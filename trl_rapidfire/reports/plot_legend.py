@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from .display import differing_keys
 from .experiment_data import RunData
 
 __all__ = ["differing_knobs", "fit_legends", "legend_style", "run_labels", "short_values"]
@@ -31,19 +32,10 @@ _VALUE_CHARS = 22
 _LINES_PER_COLUMN = 24
 
 
-def _canonical(value: Any) -> str:
-    # Knob values are JSON (or descriptions of what was not); equal text means equal values.
-    if value is _MISSING:
-        return "\0missing"
-    return json.dumps(value, sort_keys=True, default=repr)
-
-
 def differing_knobs(runs: Sequence[RunData]) -> list[str]:
-    """The knob names whose values are not the same in all ``runs`` (a knob some runs lack
-    counts as differing), in the order they first appear."""
-    names = list(dict.fromkeys(k for run in runs for k in run.knobs))
-    return [k for k in names
-            if len({_canonical(run.knobs.get(k, _MISSING)) for run in runs}) > 1]
+    """The knob names whose values are not the same in all ``runs``
+    (:func:`~.display.differing_keys`, the one rule of the tables and the panels)."""
+    return differing_keys([run.knobs for run in runs])
 
 
 def _ellipsize(text: str, limit: int = _VALUE_CHARS) -> str:

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from importlib.util import find_spec
 from typing import Any, TextIO
 
 from ..shared_state.runs import RunStatus
@@ -169,8 +170,14 @@ class ExperimentProgress:
             return
         from tqdm.auto import tqdm
 
+        without_widgets = self._display is not None and find_spec("ipywidgets") is None
+        if without_widgets:  # tqdm.auto's notebook bar would warn "IProgress not found"
+            from tqdm.std import tqdm
         self._bar = tqdm(total=total_chunks, desc=f"chunks {_OVER_ALL}", unit="chunk",
                          dynamic_ncols=True)
+        if without_widgets:
+            self._say('the control panel (buttons, live plot) needs ipywidgets: '
+                      'pip install "trl-rapidfire[notebook]"')
 
     @property
     def showing(self) -> bool:

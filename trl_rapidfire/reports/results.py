@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..shared_state.runs import RunStatus
 
-__all__ = ["RunResult", "latest_metrics", "pick_best"]
+__all__ = ["RunResult", "latest_metrics", "metric_points", "pick_best"]
 
 
 @dataclass
@@ -54,6 +54,23 @@ def latest_metrics(log_history: Sequence[dict[str, Any]]) -> dict[str, float]:
                 continue
             out[k] = v
     return out
+
+
+def metric_points(log_history: Any, keys: Iterable[str]) -> dict[str, list[tuple[int, float]]]:
+    """``{key: [(step, value), ...]}`` from a Trainer's ``log_history`` (read from a file:
+    anything that is not such an entry is skipped), sorted by step; a later entry for the
+    same step wins, as a re-logged point does in MLflow."""
+    out: dict[str, dict[int, float]] = {}
+    if not isinstance(log_history, list):
+        return {}
+    for entry in log_history:
+        if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
+            continue
+        for key in keys:
+            value = entry.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out.setdefault(key, {})[entry["step"]] = float(value)
+    return {k: sorted(v.items()) for k, v in out.items()}
 
 
 def _metric_value(metrics: dict[str, float], name: str) -> float | None:

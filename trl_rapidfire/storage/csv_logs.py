@@ -60,8 +60,8 @@ def utc_seconds(text: str) -> float:
         when = datetime.fromisoformat(text.strip())
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
-        return ((when - _EPOCH) // _MICRO) / 1_000_000
-    try:
+        seconds = ((when - _EPOCH) // _MICRO) / 1_000_000
+    try:  # also an ISO time past the year 9999 once in UTC (9999-12-31T23:59:59-01:00)
         utc_text(seconds)
     except (OverflowError, ValueError):
         raise ValueError(f"{text!r} is not a time") from None

@@ -23,8 +23,8 @@ from transformers.trainer_utils import TrainOutput
 from ..config.configs import RFConfigError, RFConfigMixin
 from ..control.ops import OpRecord
 from ..engine import Engine, RunSlot, RunTrainer
-from ..reports.notebook_panel import NotebookPanel
-from ..reports.results import RunResult, pick_best
+from ..reports.notebook_panel import NotebookPanel, panel_can_show
+from ..reports.results import RunResult, metric_points, pick_best
 from ..runtime.accelerate_state import fill_empty_from, left_as_found, restore_accelerate_state
 from ..search.searches import GridSearch, Search
 from ..storage.names import UntrustedValue
@@ -57,6 +57,8 @@ class RFTrainerMixin:
         """Set the experiment up (``_rf_setup_runs``), leaving accelerate's process-global state
         as the script had it: each run's trainer keeps its own snapshot of it."""
         self._rf_background: tuple[threading.Thread, dict[str, Any]] | None = None
+        self._rf_panel: NotebookPanel | None = None
+        self._rf_in_train = False
         with left_as_found():
             self._rf_setup_runs(**kwargs)
         # A plain TRL trainer leaves the process's accelerate state its own: so does this one
@@ -118,12 +120,29 @@ class RFTrainerMixin:
         return list(self._rf_engine.op_log)
 
     def panel(self) -> NotebookPanel:
-        """A live control panel for Jupyter (a cell ending with it shows it): the runs table,
-        Stop / Resume / Delete / Clone buttons with each op's answer, a clone form and the
-        training loss per run, refreshed at chunk boundaries while other cells run (see
-        ``train(blocking=False)``). Needs ipywidgets: ``pip install "trl-rapidfire[notebook]"``
-        (an ``ImportError`` says so without it)."""
-        return NotebookPanel(self)
+        """The experiment's live control panel for Jupyter (a cell ending with it shows it):
+        the runs table, Stop / Resume / Delete / Clone buttons with each op's answer, a clone
+        form and the training loss per run, refreshed at chunk boundaries while other cells
+        run. In a Jupyter kernel ``train()`` shows it by itself (in place of the text progress
+        view); this returns that same panel (a new one once it was closed). Needs ipywidgets:
+        ``pip install "trl-rapidfire[notebook]"`` (an ``ImportError`` says so without it)."""
+        panel = self._rf_panel
+        if panel is None or panel.closed:
+            panel = self._rf_panel = NotebookPanel(self)
+        else:
+            panel.refresh()
+        return panel
+
+    def _rf_show_panel(self) -> None:
+        """In a Jupyter kernel with ipywidgets, ``train()`` shows the control panel in the
+        cell that called it, as the experiment's progress view: the engine's own bar and text
+        table would say the same a second time, so they are turned off. Elsewhere (a script,
+        a terminal, ``disable_tqdm=True``, a worker other than the first) nothing changes."""
+        engine = self._rf_engine
+        if self.args.disable_tqdm or engine.worker.rank != 0 or not panel_can_show():
+            return
+        engine.show_progress = False
+        self.panel().show()
 
     # ------------------------------------------------------------------ training
 
@@ -148,12 +167,21 @@ class RFTrainerMixin:
         returns ``None`` at once: a notebook can go on issuing ops (:meth:`stop`,
         :meth:`clone`, ...), reading :attr:`runs` and plotting while it trains;
         :meth:`wait` returns what ``train`` would have (or raises what it would have raised)
-        and :attr:`training` says whether it is still going.
+        and :attr:`training` says whether it is still going. In a Jupyter kernel with
+        ipywidgets, the control panel (:meth:`panel`) shows in the calling cell and is the
+        progress view.
         """
         if self.training:
-            raise RuntimeError("this experiment is already training in the background; "
-                               "call wait() first")
+            raise RuntimeError("this experiment is already training; call wait() first")
         self._rf_check_train_args(resume_from_checkpoint, trial)
+        self._rf_in_train = True  # training from here on, for the panel's polling thread too
+        try:
+            return self._rf_start_training(blocking)
+        finally:
+            self._rf_in_train = False  # in the background, the thread's life says it now
+
+    def _rf_start_training(self, blocking: bool) -> TrainOutput | None:
+        self._rf_show_panel()
         if not blocking:
             outcome: dict[str, Any] = {}
 
@@ -171,9 +199,10 @@ class RFTrainerMixin:
 
     @property
     def training(self) -> bool:
-        """Whether ``train(blocking=False)`` is still training."""
+        """Whether the experiment is training now: ``train(blocking=False)``'s thread is, or
+        (seen from another thread, such as the notebook panel's) a blocking ``train()``."""
         background = self._rf_background
-        return background is not None and background[0].is_alive()
+        return self._rf_in_train or (background is not None and background[0].is_alive())
 
     def wait(self, timeout: float | None = None) -> TrainOutput | None:
         """Wait for ``train(blocking=False)`` to end and return its result (the best run's
@@ -244,6 +273,19 @@ class RFTrainerMixin:
     def runs(self) -> list[RunResult]:
         """Every run: name, knobs, status, global step, output folder, latest metrics."""
         return self._rf_engine.results()
+
+    def metric_history(self, run: str, key: str = "loss") -> list[tuple[int, float]]:
+        """The ``(step, value)`` points of ``key`` that ``run`` logged so far (its trainer's
+        ``log_history``, as the curves of ``trl-rapidfire report`` and the panel draw it);
+        ``[]`` for a run that logged none. A ``KeyError`` names an unknown run."""
+        slot = self._rf_engine.slots.get(run)
+        if slot is None:
+            raise KeyError(f"no run named {run!r}; the runs are "
+                           f"{', '.join(self._rf_engine.slots) or 'none yet'}")
+        if slot.trainer is None:  # failed before its trainer existed
+            return []
+        history = slot.latest_trainer_state().log_history
+        return metric_points(history, (key,)).get(key, [])
 
     @property
     def best_run(self) -> RunResult | None:

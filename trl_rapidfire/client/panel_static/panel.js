@@ -19,10 +19,20 @@ const REFRESH_MS = 2000;
 const HEARTBEAT_STALE_S = 180;  // as trl_rapidfire.tracking.tags.HEARTBEAT_STALE
 const HISTORIES_PER_REFRESH = 10;  // curve fetches per refresh: a refresh stays cheap at 500 runs
 const MAX_KNOB_COLUMNS = 8;
-// 20 colours that neighbours do not share, then the same colours dashed.
-const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-  "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5",
-  "#c49c94", "#f7b6d2", "#393b79", "#dbdb8d", "#9edae5"];
+// A run's look, by its run index, as in trl-rapidfire report's figures
+// (trl_rapidfire/reports/plot_style.py: PALETTE, LINE_STYLES and run_style; a test holds them
+// equal): 20 colours, and a line style that shifts with each round of 20 runs.
+const PALETTE = [
+  "#1f77b4", "#b4b41e", "#960000", "#ff78c3", "#005a1e",
+  "#781e87", "#ff874b", "#00c3b4", "#785a00", "#a5b4ff",
+  "#a56969", "#2da53c", "#00c3ff", "#007878", "#9669d2",
+  "#c38700", "#a5004b", "#87875a", "#3c4b78", "#b45a1e",
+];
+const DASHES = [[], [6, 3], [6, 3, 1, 3], [1, 3]];  // "-", "--", "-.", ":"
+function runStyle(index) {
+  const i = Math.max(index, 0), rounds = Math.floor(i / PALETTE.length);
+  return {colour: PALETTE[i % PALETTE.length], dash: DASHES[(i + rounds) % DASHES.length]};
+}
 const DONE = new Set(["completed", "stopped", "failed", "deleted"]);
 
 const state = {
@@ -43,7 +53,13 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-function message(text) { document.getElementById("message").textContent = text; }
+// The line under the header: what a person did (an op sent) or what a refresh found (no
+// experiment, a failed call). A refresh's notice goes once a refresh succeeds again.
+let noticeFromRefresh = false;
+function message(text, fromRefresh = false) {
+  document.getElementById("message").textContent = text;
+  noticeFromRefresh = fromRefresh;
+}
 
 async function call(path, body) {
   const init = body === undefined ? {} : {
@@ -84,15 +100,16 @@ function runOrder(name) {
 
 function toRun(raw) {
   const tags = asMap(raw.data && raw.data.tags);
-  let knobNames = [];
-  try { knobNames = JSON.parse(tags[TAG.knobs] || "[]"); } catch (e) { knobNames = []; }
+  let knobNames = null;  // the rapidfire.knobs tag: a JSON list of names (text from outside)
+  try { knobNames = JSON.parse(tags[TAG.knobs] || "null"); } catch (e) { knobNames = null; }
+  const tagged = Array.isArray(knobNames) && knobNames.every((n) => typeof n === "string");
   return {
     id: raw.info.run_id, name: tags[TAG.run] || raw.info.run_name || raw.info.run_id,
     status: tags[TAG.status] || "-", progress: tags[TAG.progress] || "",
     metrics: asMap(raw.data && raw.data.metrics, (m) => ({value: m.value, step: m.step})),
     params: asMap(raw.data && raw.data.params), tags,
     seq: parseInt(tags[TAG.seq] || "0", 10) || 0, pending: tags[TAG.op],
-    result: tags[TAG.result], knobNames: Array.isArray(knobNames) ? knobNames.map(String) : [],
+    result: tags[TAG.result], knobNames: tagged ? knobNames : [], tagged,
   };
 }
 
@@ -130,23 +147,30 @@ async function loadExperiments() {
     text: `${e.name} (${e.rfid.slice(0, 8)}, ${e.state})`})));
 }
 
+// The knobs that differ between the runs, first seen first: the rule of every runs table
+// (trl_rapidfire/reports/display.py differing_keys, client/experiments.py tracked_knobs). The
+// runs' rapidfire.knobs tags name their knobs; runs tracked before that tag give all their
+// params, less those holding the run's own name (output_dir: it differs but tunes nothing).
 function knobColumns(runs) {
-  let names = [...new Set(runs.flatMap((r) => r.knobNames))];
-  const differ = (k) => new Set(runs.map((r) => r.params[k])).size > 1;
-  if (!names.length) {  // runs tracked before the knobs tag: the params that differ
-    const keys = [...new Set(runs.flatMap((r) => Object.keys(r.params)))];
-    names = keys.filter((k) => differ(k) && !runs.some((r) => (r.params[k] || "").includes(r.name)));
-  }
-  return [...names.filter(differ), ...names.filter((k) => !differ(k))].slice(0, MAX_KNOB_COLUMNS);
+  const tagged = runs.every((r) => r.tagged);
+  const names = [...new Set(runs.flatMap((r) => (tagged ? r.knobNames : Object.keys(r.params).sort())))];
+  const value = (r, k) => (Object.hasOwn(r.params, k) ? JSON.stringify(r.params[k]) : "\0missing");
+  const differ = (k) => new Set(runs.map((r) => value(r, k))).size > 1;
+  const ownName = (k) => !tagged && runs.some((r) => Object.hasOwn(r.params, k) && r.params[k].includes(r.name));
+  return names.filter((k) => differ(k) && !ownName(k)).slice(0, MAX_KNOB_COLUMNS);
 }
 
+// What the panel sent on a run (by run id: names repeat across experiments) shows until the
+// experiment answered it; an error of the panel's own check, until the run's op tags move.
 function answerOf(run) {
-  const sent = state.sent[run.name];
-  if (sent && sent.error) return {text: `error: ${sent.error}`, cls: "error"};
-  if (sent && run.seq <= sent.seq) {
+  const sent = state.sent[run.id];
+  if (sent && sent.error && run.seq === sent.seq && run.result === sent.result) {
+    return {text: `error: ${sent.error}`, cls: "error"};
+  }
+  if (sent && !sent.error && run.seq <= sent.seq) {
     return {text: `sent: ${sent.op} (applied at the run's next chunk boundary)`, cls: "waiting"};
   }
-  if (sent) delete state.sent[run.name];
+  if (sent) delete state.sent[run.id];
   if (run.pending) return {text: `waiting: ${run.pending}`, cls: "waiting"};
   if (run.result) return {text: run.result, cls: run.result.startsWith("error") ? "error" : ""};
   return {text: "", cls: ""};
@@ -157,46 +181,88 @@ function metricText(run, key) {
   return m ? Number(m.value).toPrecision(4) : "";
 }
 
-function opButton(run, label, op, enabled) {
+// A run's buttons act on the run as the latest refresh knows it (looked up at the click):
+// rows are kept and updated in place, so a click never lands on a row being replaced.
+function opButton(id, name, label, op) {
   return el("button", {
-    type: "button", "data-run": run.name, "data-op": op, "aria-label": `${label} ${run.name}`,
-    text: label, disabled: !enabled,
-    onclick: () => (op === "clone" ? openClone(run) : sendOp(run, op))});
+    type: "button", "data-run": name, "data-op": op, "aria-label": `${label} ${name}`,
+    text: label,
+    onclick: () => {
+      const run = state.runs.find((r) => r.id === id);
+      if (run) (op === "clone" ? openClone(run) : sendOp(run, op));
+    }});
+}
+
+function setCell(cell, text, className) {
+  if (cell.textContent !== text) cell.textContent = text;
+  if (className !== undefined && cell.className !== className) cell.className = className;
+}
+
+// One row per run (by run id), made once: its tr, its cells by column, its buttons by op.
+const tableRows = new Map();
+let drawnColumns = "";
+
+function rowOf(run) {
+  let row = tableRows.get(run.id);
+  if (!row) {
+    const link = el("a", {target: "_blank", rel: "noopener", text: run.name});
+    const cells = {link, status: el("td"), progress: el("td"), loss: el("td"), eval: el("td"),
+      knobs: [], answer: el("td", {"data-answer": run.name})};
+    const button = (label, op) => opButton(run.id, run.name, label, op);
+    const buttons = {stop: button("Stop", "stop"), resume: button("Resume", "resume"),
+      delete: button("Delete", "delete"), clone: button("Clone", "clone")};
+    const tr = el("tr", {"data-run": run.name});
+    row = {tr, cells, buttons, ops: el("td", {}, ...Object.values(buttons))};
+    tableRows.set(run.id, row);
+  }
+  return row;
 }
 
 function drawTable() {
   const exp = state.current;
-  const heads = ["run", "status", "progress", "loss", "eval_loss", ...state.knobs, "answer", ""];
-  document.getElementById("head").replaceChildren(...heads.map((h) => el("th", {text: h})));
+  const columns = JSON.stringify(state.knobs);
+  if (columns !== drawnColumns) {
+    const heads = ["run", "status", "progress", "loss", "eval_loss", ...state.knobs, "answer", ""];
+    document.getElementById("head").replaceChildren(...heads.map((h) => el("th", {text: h})));
+  }
   const rows = state.runs.map((run) => {
+    const row = rowOf(run);
+    const {cells, buttons} = row;
+    cells.link.href = `${ROOT}#/experiments/${exp.eid}/runs/${run.id}`;
+    setCell(cells.status, run.status, `status status-${run.status}`);
+    setCell(cells.progress, run.progress);
+    setCell(cells.loss, metricText(run, "loss"));
+    setCell(cells.eval, metricText(run, "eval_loss"));
+    if (columns !== drawnColumns || cells.knobs.length !== state.knobs.length) {
+      cells.knobs = state.knobs.map(() => el("td"));
+      row.tr.replaceChildren(el("td", {}, cells.link), cells.status, cells.progress, cells.loss,
+        cells.eval, ...cells.knobs, cells.answer, row.ops);
+    }
+    state.knobs.forEach((k, i) => setCell(cells.knobs[i], (run.params[k] || "").slice(0, 40)));
     const answer = answerOf(run);
-    const link = el("a", {href: `${ROOT}#/experiments/${exp.eid}/runs/${run.id}`,
-      target: "_blank", rel: "noopener", text: run.name});
-    return el("tr", {"data-run": run.name},
-      el("td", {}, link),
-      el("td", {className: `status status-${run.status}`, text: run.status}),
-      el("td", {text: run.progress}),
-      el("td", {text: metricText(run, "loss")}),
-      el("td", {text: metricText(run, "eval_loss")}),
-      ...state.knobs.map((k) => el("td", {text: (run.params[k] || "").slice(0, 40)})),
-      el("td", {className: `answer ${answer.cls}`, "data-answer": run.name, text: answer.text}),
-      el("td", {},
-        opButton(run, "Stop", "stop", !DONE.has(run.status)),
-        opButton(run, "Resume", "resume", run.status === "stopped"),
-        opButton(run, "Delete", "delete", run.status !== "deleted"),
-        opButton(run, "Clone", "clone", true)));
+    setCell(cells.answer, answer.text, `answer ${answer.cls}`);
+    buttons.stop.disabled = DONE.has(run.status);
+    buttons.resume.disabled = run.status !== "stopped";
+    buttons.delete.disabled = run.status === "deleted";
+    return row.tr;
   });
-  document.getElementById("rows").replaceChildren(...rows);
+  drawnColumns = columns;
+  const shown = new Set(state.runs.map((r) => r.id));
+  for (const id of [...tableRows.keys()]) if (!shown.has(id)) tableRows.delete(id);
+  const body = document.getElementById("rows");
+  const same = rows.length === body.children.length && rows.every((tr, i) => body.children[i] === tr);
+  if (!same) body.replaceChildren(...rows);  // runs added, gone or reordered: the rows move
   document.getElementById("runs").setAttribute("data-refreshes", String(state.refreshes));
 }
 
 async function sendOp(run, op) {
-  state.sent[run.name] = {op, seq: run.seq};
+  const failed = (error) => ({op, error, seq: run.seq, result: run.result});
+  state.sent[run.id] = {op, seq: run.seq};
   drawTable();
   try {
     const checked = await call(PANEL_API + "check-op", {run: run.name, op, status: run.status});
     if (checked.error) {
-      state.sent[run.name] = {op, error: checked.error};
+      state.sent[run.id] = failed(checked.error);
     } else {
       await call(API + "runs/set-tag", {run_id: run.id, key: TAG.op, value: op});
       const notes = [];
@@ -207,7 +273,7 @@ async function sendOp(run, op) {
       message(`${run.name}: sent ${op}` + (notes.length ? ` (${notes.join("; ")})` : ""));
     }
   } catch (e) {
-    state.sent[run.name] = {op, error: e.message};
+    state.sent[run.id] = failed(e.message);
   }
   drawTable();
 }
@@ -260,10 +326,21 @@ async function updateCurves() {
   const stale = state.runs.filter((r) => r.metrics.loss
     && (!state.history[r.id] || state.history[r.id].step < r.metrics.loss.step));
   for (const run of stale.slice(0, HISTORIES_PER_REFRESH)) {
-    const query = new URLSearchParams({run_id: run.id, metric_key: "loss", max_results: "25000"});
-    const reply = await call(`${API}metrics/get-history?${query}`);
-    const points = (reply.metrics || []).map((m) => [m.step, m.value]).sort((a, b) => a[0] - b[0]);
-    state.history[run.id] = {step: run.metrics.loss.step, points};
+    try {  // one run's history failing (deleted since the search) leaves the others drawn
+      const metrics = [];
+      let token;
+      do {
+        const query = new URLSearchParams({run_id: run.id, metric_key: "loss", max_results: "25000"});
+        if (token) query.set("page_token", token);
+        const reply = await call(`${API}metrics/get-history?${query}`);
+        metrics.push(...(reply.metrics || []));
+        token = reply.next_page_token;
+      } while (token);
+      const points = metrics.map((m) => [m.step, m.value]).sort((a, b) => a[0] - b[0]);
+      state.history[run.id] = {step: run.metrics.loss.step, points};
+    } catch (e) {
+      message(`${run.name}: its loss history could not be read (${e.message})`, true);
+    }
   }
 }
 
@@ -272,13 +349,19 @@ function drawCurves() {
   const ctx = canvas.getContext("2d");
   const pad = {left: 56, right: 12, top: 10, bottom: 28};
   ctx.clearRect(0, 0, canvas.width, canvas.height);
-  const lines = state.runs.map((r, i) => ({run: r, i, points: (state.history[r.id] || {}).points || []}))
+  const lines = state.runs.map((r, i) => ({run: r, points: (state.history[r.id] || {}).points || [],
+    index: runOrder(r.name) === Number.MAX_SAFE_INTEGER ? i : runOrder(r.name)}))
     .filter((l) => l.points.length);
   const all = lines.flatMap((l) => l.points);
   const legend = document.getElementById("legend");
   if (!all.length) { legend.replaceChildren(el("span", {text: "no training loss logged yet"})); return; }
-  const xMax = Math.max(1, ...all.map((p) => p[0]));
-  let yMin = Math.min(...all.map((p) => p[1])), yMax = Math.max(...all.map((p) => p[1]));
+  // A loop, not Math.max(...points): spreading 100k+ points overflows the call stack.
+  let xMax = 1, yMin = Infinity, yMax = -Infinity;
+  for (const [step, value] of all) {
+    if (step > xMax) xMax = step;
+    if (value < yMin) yMin = value;
+    if (value > yMax) yMax = value;
+  }
   if (yMax - yMin < 1e-12) { yMin -= 0.5; yMax += 0.5; }
   const w = canvas.width - pad.left - pad.right, h = canvas.height - pad.top - pad.bottom;
   const x = (s) => pad.left + (s / xMax) * w, y = (v) => pad.top + (1 - (v - yMin) / (yMax - yMin)) * h;
@@ -291,8 +374,9 @@ function drawCurves() {
     ctx.fillText(String(s), x(s) - 6, canvas.height - 10);
   }
   for (const line of lines) {
-    ctx.strokeStyle = COLOURS[line.i % COLOURS.length];
-    ctx.setLineDash(line.i < COLOURS.length ? [] : [6, 3]);
+    const style = runStyle(line.index);
+    ctx.strokeStyle = style.colour;
+    ctx.setLineDash(style.dash);
     ctx.lineWidth = 1.6;
     ctx.beginPath();
     line.points.forEach(([s, v], k) => (k ? ctx.lineTo(x(s), y(v)) : ctx.moveTo(x(s), y(v))));
@@ -300,17 +384,24 @@ function drawCurves() {
   }
   ctx.setLineDash([]);
   legend.replaceChildren(...lines.map((l) => el("span", {},
-    el("i", {style: `background:${COLOURS[l.i % COLOURS.length]}`}), l.run.name)));
+    el("i", {style: `background:${runStyle(l.index).colour}`}), l.run.name)));
 }
 
 async function refresh() {
+  const started = performance.now();
   try {
     await loadExperiments();
     const exp = state.current;
-    if (!exp) {
-      message("No trl-rapidfire experiment in this store yet: train one with report_to=\"mlflow\".");
+    if (!exp) {  // none yet (the panel opened before training), or the link names another
+      state.runs = [];
+      document.getElementById("rows").replaceChildren();
+      message(location.hash && state.experiments.length
+        ? "That experiment is not in this store: pick one from the menu."
+        : "No trl-rapidfire experiment in this store yet: train one with report_to=\"mlflow\".",
+      true);
       return;
     }
+    if (noticeFromRefresh) message("");
     document.getElementById("state").textContent = exp.state;
     document.getElementById("mlflow-link").href =
       `${ROOT}#/experiments/${exp.eid}/runs?workflowType=machine_learning&viewStateShareKey=trl-rapidfire`;
@@ -322,20 +413,26 @@ async function refresh() {
     drawTable();
     await updateCurves();
     drawCurves();
+    // What a refresh costs in this browser (REST calls, table and curves), for a look or a
+    // benchmark (benchmarks/panel_refresh.py).
+    state.refreshMs = performance.now() - started;
   } catch (e) {
-    message(`refresh failed: ${e.message}`);
+    message(`refresh failed: ${e.message}`, true);
   }
 }
 
+// Every 2 s, or twice as long as the last refresh took (about 2 s at 500 runs, most of it
+// MLflow's runs/search: benchmarks/panel_refresh.py), so that an open page keeps the tracking
+// server busy a third of the time at most.
 async function loop() {
   await refresh();
-  setTimeout(loop, REFRESH_MS);
+  setTimeout(loop, Math.max(REFRESH_MS, 2 * (state.refreshMs || 0)));
 }
 
 document.getElementById("experiment").addEventListener("change", (event) => {
   location.hash = event.target.value;
 });
-window.addEventListener("hashchange", () => { state.history = {}; refresh(); });
+window.addEventListener("hashchange", () => { state.history = {}; state.sent = {}; refresh(); });
 document.getElementById("clone-send").addEventListener("click", sendClone);
 document.getElementById("clone-cancel").addEventListener("click", () => {
   document.getElementById("clone-form").hidden = true;
