@@ -117,8 +117,16 @@ def _steer_in_panel(driver, panel: str, gate: HeldRun, screenshot: Path | None) 
     # The live curves: a line per run that logged a loss, named in the legend.
     _wait(driver, lambda d: {"run-0", "run-1", "run-2"} <= {
         s.text for s in d.find_elements(By.CSS_SELECTOR, "#legend span")}, "the curves")
+    # Once the clone has trained too, every run's curve reaches its last logged step (the
+    # histories of the runs that moved are fetched again), the clone's included.
+    _wait(driver, lambda d: _status(d, "run-3") == "completed", "the clone done", 300)
+    _wait(driver, lambda d: d.execute_script(
+        "const s = window.rfPanel; return s.runs.length === 4 && s.runs.every((r) =>"
+        " r.metrics.loss && s.history[r.id] && s.history[r.id].step === r.metrics.loss.step"
+        " && s.history[r.id].points.length > 0)"), "every run's whole curve", 60)
+    _wait(driver, lambda d: {"run-0", "run-1", "run-2", "run-3"} <= {
+        s.text for s in d.find_elements(By.CSS_SELECTOR, "#legend span")}, "the clone's curve")
     if screenshot is not None:
-        _wait(driver, lambda d: _status(d, "run-3") == "completed", "the clone done", 300)
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(screenshot))
 
