@@ -103,9 +103,7 @@ class Engine:
         self.stats = EngineStats()
         self.hooks = LoopHooks()
         self.interrupted = False
-        self.show_progress = progress
-        """Whether :meth:`run` shows its progress bar and runs table (on the first worker);
-        a notebook's control panel, when shown in their place, turns it off."""
+        self.show_progress = progress  # bar and runs table; off where a notebook panel shows
         self._progress: ExperimentProgress | None = None
         self._registered = False
         # A disk fault stopped the experiment: this engine trains no more; a re-run continues.
