@@ -126,6 +126,8 @@ def test_the_knobs_that_differ_one_rule_from_the_knobs_tag_or_the_whole_config()
     rows, names = tracked_knobs(params, tags)
     assert names == ["run-0", "run-1"] and rows[0]["output_dir"] == "out/runs/run-0"
     assert knob_columns(rows, names).names == ["learning_rate"]
+    tags[1]["rapidfire.knobs"] = "[" * 5000  # a person's tag, nested past json's recursion
+    assert tracked_knobs(params, tags)[1] == ["run-0", "run-1"]
 
 
 def test_quickstart_run_again_continues_its_experiment(monkeypatch, tmp_path, capsys):

@@ -10,7 +10,6 @@ experiment that is training; none or several is an error that lists them, never 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -208,13 +207,15 @@ def tracked_knobs(params: Sequence[Mapping[str, str]], tags: Sequence[Mapping[st
     tag (or with a tag that does not read as a list of names: it is text from outside) give
     their whole config, sorted, with their names, so that params holding a run's own name
     (``output_dir``) are left out."""
+    from ..storage.outside_text import loads
     from ..tracking.tags import KNOBS_TAG, RUN_TAG
 
     rows: list[dict[str, str]] = []
     for run_params, run_tags in zip(params, tags):
-        try:
-            names = json.loads(run_tags.get(KNOBS_TAG) or "null")
-        except ValueError:  # cut at its length limit, or not ours
+        try:  # bounded in size and depth: a tag of 5000 "[" is a RecursionError to json
+            names = loads(run_tags.get(KNOBS_TAG) or "null", what=f"the {KNOBS_TAG} tag",
+                          max_bytes=8000)
+        except ValueError:  # cut at its length limit, too deep, or not ours
             names = None
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             break
