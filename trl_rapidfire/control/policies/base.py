@@ -102,6 +102,13 @@ class Policy(ABC):
     def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
         """``run`` has just finished a chunk; ``context`` shows every run as of now."""
 
+    def evaluates_at(self, run: str, chunks: int, chunks_total: int) -> bool:
+        """Whether this policy may read ``run``'s metric at its boundary after ``chunks`` of
+        its ``chunks_total`` chunks: with ``eval_strategy="policy"`` a run is evaluated there
+        (and at its last chunk) and nowhere else. A policy that does not say is assumed to
+        look at every boundary; one that never reads a metric (a :class:`Budget`) says no."""
+        return True
+
     def admits_new_runs(self, context: Context) -> bool:
         """Whether an adaptive search may start another run now (a spent :class:`Budget`
         says no: the runs it stopped would otherwise be replaced, one chunk each)."""
@@ -134,6 +141,9 @@ class Policies(Policy):
 
     def admits_new_runs(self, context: Context) -> bool:
         return all(p.admits_new_runs(context) for p in self.policies)
+
+    def evaluates_at(self, run: str, chunks: int, chunks_total: int) -> bool:
+        return any(p.evaluates_at(run, chunks, chunks_total) for p in self.policies)
 
     @property
     def metrics(self) -> tuple[str, ...]:

@@ -36,6 +36,9 @@ class Budget(Policy):
             return f"budget spent: {steps} of {self.max_total_steps} steps"
         return None
 
+    def evaluates_at(self, run: str, chunks: int, chunks_total: int) -> bool:
+        return False  # steps and wall time: no metric is read
+
     def admits_new_runs(self, context: Context) -> bool:
         return self.spent(context) is None
 

@@ -67,6 +67,10 @@ class PopulationBased(Policy):
                 out[knob] = type(knobs[knob])(value) if isinstance(knobs[knob], int) else value
         return out
 
+    def evaluates_at(self, run: str, chunks: int, chunks_total: int) -> bool:
+        # Exploit points only; a run's last chunk decides nothing (the engine evaluates it).
+        return chunks < chunks_total and chunks % self.interval == 0
+
     def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
         me = context.runs[run]
         chunks = me.chunks_done

@@ -55,6 +55,10 @@ class SuccessiveHalving(Policy):
             k += 1
         return k if ratio == 1 else None
 
+    def evaluates_at(self, run: str, chunks: int, chunks_total: int) -> bool:
+        # Judged at its rungs only (a run's last chunk is no rung: the engine evaluates it).
+        return chunks < chunks_total and self.rung_of(chunks) is not None
+
     def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
         chunks = context.runs[run].chunks_done
         rung = self.rung_of(chunks)
