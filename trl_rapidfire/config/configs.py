@@ -30,7 +30,9 @@ from .cadence import parse_cadence
 from .errors import RFConfigError
 from .fields import (
     CHUNK,
+    ENGINE_EVALS,
     EXPERIMENT_WIDE,
+    POLICY,
     RF_ONLY,
     admits,
     field_types,
@@ -76,9 +78,12 @@ def _strategy_field(parent: type[DataclassInstance], name: str) -> Any:
         m for m in type_members(field_types(parent)[name]) if isinstance(m, type) and m is not str
     )
     assert issubclass(enum_type, enum.Enum)  # transformers' IntervalStrategy / SaveStrategy
-    choices = [e.value for e in enum_type] + [CHUNK]
+    ours = [CHUNK, POLICY] if name == "eval_strategy" else [CHUNK]
+    choices = [e.value for e in enum_type] + ours
     help_text = original.metadata.get("help", "") + (
         f' trl-rapidfire adds "{CHUNK}": act at every chunk end.'
+        + (f' And "{POLICY}": evaluate where the policy reads the metric and at each run\'s '
+           "last chunk." if name == "eval_strategy" else "")
     )
     return field(default=original.default, metadata={"help": help_text, "choices": choices})
 
@@ -198,11 +203,12 @@ class RFConfigMixin:
             # Read back what the user wrote: knobs, "chunk", the warm-up ratio.
             restore = list(knobs)
             restore += [n for n in ("eval_strategy", "save_strategy") if raw[n] == CHUNK]
+            restore += ["eval_strategy"] if raw["eval_strategy"] == POLICY else []
             if raw["warmup_ratio"] is not None:
                 restore.append("warmup_steps")
             for name in restore:
                 object.__setattr__(self, name, raw[name])
-        if raw["eval_strategy"] == CHUNK:
+        if raw["eval_strategy"] in ENGINE_EVALS:
             self.do_eval = True
         object.__setattr__(self, "_rf_ready", True)
 
@@ -315,7 +321,7 @@ class RFConfigMixin:
             if name not in self._rf_only_fields:
                 kwargs[name] = value
         for name in ("eval_strategy", "save_strategy"):
-            if kwargs[name] == CHUNK:
+            if kwargs[name] == CHUNK or (name == "eval_strategy" and kwargs[name] == POLICY):
                 # TRL never sees "chunk": the engine does the chunk-time work itself.
                 kwargs[name] = "no"
         if kwargs.get("activation_checkpointing", False) is None and "gradient_checkpointing" \

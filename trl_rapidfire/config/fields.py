@@ -15,8 +15,9 @@ import types
 import typing
 from typing import Any
 
-__all__ = ["CHUNK", "CLONE_KEEPS", "EXPERIMENT_WIDE", "GENERATION_FIELDS", "RF_ONLY", "admits",
-           "allowed_values", "field_types", "numeric_field", "type_members"]
+__all__ = ["CHUNK", "CLONE_KEEPS", "ENGINE_EVALS", "EXPERIMENT_WIDE", "GENERATION_FIELDS",
+           "POLICY", "RF_ONLY", "admits", "allowed_values", "field_types", "numeric_field",
+           "type_members"]
 
 GENERATION_FIELDS = ("generation_config", "generation_eval_rows", "generation_saved_rows")
 """The fields of a run judged by what it generates (SFT and DPO configs; see
@@ -24,6 +25,14 @@ GENERATION_FIELDS = ("generation_config", "generation_eval_rows", "generation_sa
 
 CHUNK = "chunk"
 """The trl-rapidfire value of ``eval_strategy``/``save_strategy``: act at every chunk end."""
+
+POLICY = "policy"
+"""The trl-rapidfire value of ``eval_strategy`` that evaluates a run only where the
+experiment's policy reads its metric (SuccessiveHalving's rungs, PopulationBased's exploit
+points, ...) and at the run's last chunk."""
+
+ENGINE_EVALS = (CHUNK, POLICY)
+"""The ``eval_strategy`` values the engine carries out itself (TRL is given ``"no"``)."""
 
 RF_ONLY = frozenset({"num_chunks", "warmup_ratio", "cache_budget_bytes", "clone_overrides",
                      "checkpoint_every", *GENERATION_FIELDS})

@@ -60,7 +60,7 @@ from .callback import ChunkCallback, TurnHost
 from .coordination import Claim, Done, Retry, Turn, Wait
 from .core import Engine
 from .records import EngineStats, RunFailure, RunSlot, WeightsAt
-from .run_trainer import NewRun, RunFactory, RunTrainer
+from .run_trainer import EvalCadence, NewRun, RunFactory, RunTrainer
 
 __all__ = [
     "ChunkCallback",
@@ -68,6 +68,7 @@ __all__ = [
     "Done",
     "Engine",
     "EngineStats",
+    "EvalCadence",
     "NewRun",
     "Retry",
     "RunFactory",

@@ -62,7 +62,7 @@ def new_slot(new: NewRun, *, checkpoints: Path, final_dir: Path) -> RunSlot:
     slot = RunSlot(
         name=new.name, index=new.index, knobs=new.knobs, trainer=trainer, group=new.group,
         adapter=new.adapter, residency=Residency(key=new.name, params=list(new.params)),
-        plan=plan, run_dir=Path(new.run_dir), chunk_eval=new.chunk_eval,
+        plan=plan, run_dir=Path(new.run_dir), evaluation=new.evaluation,
         chunk_save=new.chunk_save, step_multiple=step_multiple, num_chunks=new.num_chunks,
         gang=new.gang, checkpoints=checkpoints, final_dir=final_dir,
     )

@@ -37,6 +37,9 @@ class TurnHost(Protocol):
     def replanned(self) -> None:
         """A run's plan changed (the experiment's chunk count with it)."""
 
+    def evaluates_after(self, slot: RunSlot, chunks: int) -> bool:
+        """Whether the run is evaluated at the end of its chunk number ``chunks`` (1-based)."""
+
 
 class ChunkCallback(TrainerCallback):
     """Added to every run's trainer: ends the run's turn at each chunk boundary.
@@ -98,8 +101,9 @@ class ChunkCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         slot = self.slot
-        if state.global_step in slot.plan.boundaries:
-            if slot.chunk_eval:
+        chunks = slot.plan.chunks_at.get(state.global_step)
+        if chunks is not None:
+            if self.host.evaluates_after(slot, chunks):
                 control.should_evaluate = True
                 # Evaluation must not move the run's random streams.
                 slot.turn.eval_rng = RngState.capture()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 
 __all__ = ["Chunk", "ChunkPlan", "ChunkPlanError", "plan_chunks", "training_steps"]
 
@@ -58,10 +59,16 @@ class ChunkPlan:
     num_chunks: int
     chunks: tuple[Chunk, ...]
 
-    @property
+    @cached_property
     def boundaries(self) -> tuple[int, ...]:
         """Global steps at which a chunk ends (the last one is ``total_steps``)."""
         return tuple(c.end_step for c in self.chunks)
+
+    @cached_property
+    def chunks_at(self) -> dict[int, int]:
+        """Global step at a chunk's end -> chunks done by then (1-based): asked at every
+        step, so made once per plan."""
+        return {c.end_step: i + 1 for i, c in enumerate(self.chunks)}
 
     def chunk_at(self, global_step: int) -> Chunk | None:
         """The chunk that starts at ``global_step`` or contains it; None when training is done."""

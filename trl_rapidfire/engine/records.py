@@ -20,7 +20,7 @@ from ..runtime.switch import RngState, RunCoroutine
 from ..shared_state.runs import RunState
 from ..storage.schedule import ChunkRecord
 from .chunks import ChunkPlan
-from .run_trainer import RunTrainer
+from .run_trainer import EvalCadence, RunTrainer
 
 __all__ = ["ClaimLost", "DiskFault", "Durability", "EngineStats", "LoopHooks", "Outcome",
            "PendingChunk", "Recorded", "Recording", "RunFailure", "RunSlot", "StateUnwritable",
@@ -197,7 +197,7 @@ class RunSlot:
     residency: Residency
     plan: ChunkPlan  # replaced when the run's epochs change (see ChunkCallback)
     run_dir: Path
-    chunk_eval: bool = False
+    evaluation: EvalCadence = EvalCadence.NONE
     chunk_save: bool = False
     step_multiple: int = 1
     num_chunks: int = 1  # asked for: the plan may have fewer (see chunks.plan_chunks)

@@ -9,6 +9,7 @@ engine, never the other way round.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,20 @@ if TYPE_CHECKING:
     from ..runtime.switch import RngState
     from .records import RunSlot
 
-__all__ = ["NewRun", "RunFactory", "RunTrainer"]
+__all__ = ["EvalCadence", "NewRun", "RunFactory", "RunTrainer"]
+
+
+class EvalCadence(enum.Enum):
+    """Where the engine evaluates a run (``eval_strategy`` as the user wrote it; TRL's own
+    strategies are TRL's, and the engine leaves those runs to it)."""
+
+    # Not by the engine (TRL's eval_strategy, "no" or "steps"/"epoch", does what it says).
+    NONE = "none"
+    # At every chunk end ("chunk").
+    CHUNK = "chunk"
+    # Where the experiment's policy reads the run's metric, and at the run's last chunk
+    # ("policy"): the evaluations no decision reads are not paid for.
+    POLICY = "policy"
 
 
 class RunTrainer(Protocol):
@@ -99,7 +113,7 @@ class NewRun:
     params: Sequence[torch.nn.Parameter]
     num_chunks: int
     run_dir: Path
-    chunk_eval: bool = False
+    evaluation: EvalCadence = EvalCadence.NONE
     chunk_save: bool = False
     gang: int = 0
     resident: bool = True

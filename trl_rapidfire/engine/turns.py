@@ -38,7 +38,7 @@ from .callback import ChunkCallback
 from .divergence import check_finite
 from .faults import disk_faults
 from .records import EngineStats, RunSlot, WeightsAt
-from .run_trainer import RunTrainer
+from .run_trainer import EvalCadence, RunTrainer
 
 __all__ = ["Turns"]
 
@@ -67,6 +67,7 @@ class Turns:
         slots: dict[str, RunSlot], rank: int, replanned: Callable[[], None],
         rebuild: Callable[[RunSlot], RunTrainer] | None = None,
         stats: EngineStats | None = None,
+        policy_reads: Callable[[str, int, int], bool] | None = None,
     ) -> None:
         self.output_dir = output_dir
         self.cache = cache
@@ -78,6 +79,9 @@ class Turns:
         self.durable = True
         self.cadence: CheckpointCadence = DEFAULT_CADENCE
         self.rebuild = rebuild
+        # Where the experiment's policy reads a run's metric (``Policy.evaluates_at``; None:
+        # no policy): the boundaries a run with ``eval_strategy="policy"`` is evaluated at.
+        self._policy_reads = policy_reads
         # The run whose tensors were switched in last.
         self.resident: RunSlot | None = None
         # Runs between turns whose tensors stayed where they were ("idle in place"), least
@@ -107,6 +111,17 @@ class Turns:
 
     def replanned(self) -> None:
         self._replanned()
+
+    def evaluates_after(self, slot: RunSlot, chunks: int) -> bool:
+        cadence = slot.evaluation
+        if cadence is EvalCadence.CHUNK:
+            return True
+        if cadence is EvalCadence.NONE:
+            return False
+        total = len(slot.plan)
+        # The run's end is always judged (the best run is picked by its last value).
+        return chunks >= total or (self._policy_reads is not None
+                                   and self._policy_reads(slot.name, chunks, total))
 
     def attach(self, slot: RunSlot, trainer: RunTrainer) -> None:
         # The trainer's starting point: RNG streams and accelerate state as they are right

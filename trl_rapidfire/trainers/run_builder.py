@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ..config.configs import RFConfigError, RFConfigMixin, is_gang_config
-from ..config.fields import CHUNK
+from ..config.fields import CHUNK, POLICY
 from ..config.knobs import describe_value, is_knob
 from ..control.ops import Op, OpError, resolve_overrides
-from ..engine import NewRun, RunSlot
+from ..engine import EvalCadence, NewRun, RunSlot
 from ..runtime.accelerate_state import World, building_in
 from ..runtime.models import ModelPool, adapter_name
 from ..runtime.workers import current_worker
@@ -80,6 +80,12 @@ class RunBuilder:
         """The run's ``eval_strategy``/``save_strategy`` as the user wrote it (``"chunk"`` is
         turned into ``"no"`` in the TRL config: the engine does the chunk-time work)."""
         return self.setting(spec, name)
+
+    def evaluation(self, spec: RunSpec) -> EvalCadence:
+        """Where the engine evaluates the run (``EvalCadence.NONE``: TRL's strategy, if any)."""
+        strategy = self.strategy(spec, "eval_strategy")
+        return (EvalCadence.CHUNK if strategy == CHUNK else
+                EvalCadence.POLICY if strategy == POLICY else EvalCadence.NONE)
 
     def setting(self, spec: RunSpec, name: str) -> Any:
         """The run's value of the RF config field ``name``: its knob's, else the config's."""
@@ -183,7 +189,7 @@ class RunBuilder:
         return NewRun(
             name=spec.name, index=spec.index, knobs=spec.knobs, trainer=trainer,
             num_chunks=self.raw_args.get("num_chunks", 1), run_dir=run_dir,
-            chunk_eval=self.strategy(spec, "eval_strategy") == CHUNK,
+            evaluation=self.evaluation(spec),
             chunk_save=self.strategy(spec, "save_strategy") == CHUNK, tracked=tracked,
             tags={KNOBS_TAG: json.dumps(sorted(spec.knobs))[:5000]}, **fields,
         )

@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..config.configs import RFConfigError
-from ..config.fields import CHUNK
+from ..config.fields import CHUNK, ENGINE_EVALS
 from ..config.knobs import List
 from ..control.folder_control import training_now
 from ..runtime.workers import current_worker
@@ -89,21 +89,24 @@ def check_specs(specs: Sequence[RunSpec], shared_args: dict[str, Any], builder: 
             readers.setdefault(name, (f"the policy {member.name} reads",
                                       "give the policy metric='loss'"))
     for spec in specs:
-        chunk_eval = builder.strategy(spec, "eval_strategy") == CHUNK
-        if chunk_eval and shared_args.get("eval_dataset") is None:
+        strategy = builder.strategy(spec, "eval_strategy")
+        if strategy in ENGINE_EVALS and shared_args.get("eval_dataset") is None:
+            where = ("every run at each chunk end" if strategy == CHUNK else
+                     "each run where the policy reads its metric and at its last chunk")
             raise RFConfigError(
-                f"{spec.name}: eval_strategy='chunk' evaluates every run at each chunk end "
-                "and needs an eval_dataset; pass eval_dataset=... or use eval_strategy='no'."
+                f"{spec.name}: eval_strategy={strategy!r} evaluates {where} and needs an "
+                "eval_dataset; pass eval_dataset=... or use eval_strategy='no'."
             )
-        evaluates = chunk_eval or builder.strategy(spec, "eval_strategy") not in (None, "no")
+        evaluates = strategy not in (None, "no")
         if builder.setting(spec, "generation_config") is not None:
             _check_generation(spec.name, evaluates, shared_args.get("eval_dataset"))
         for name, (who, other) in readers.items():
             if name.startswith("eval_") and not evaluates:
                 raise RFConfigError(
                     f"{spec.name}: {who} {name!r}, which only evaluation logs; set "
-                    "eval_strategy='chunk' (and pass eval_dataset=...) so that every run is "
-                    f"evaluated at each chunk end, or {other}."
+                    "eval_strategy='policy' (and pass eval_dataset=...) so that every run is "
+                    "evaluated where the policy reads it, or 'chunk' for every chunk end, "
+                    f"or {other}."
                 )
     check_shared_trackers([spec.config for spec in specs])
     copy_callbacks(shared_args.get("callbacks"))  # fail before any model is loaded
