@@ -9,7 +9,14 @@ import torch
 from safetensors.torch import load_file
 from trl import SFTConfig, SFTTrainer
 
-from trl_rapidfire import Budget, List, PopulationBased, RFSFTConfig, RFSFTTrainer, SuccessiveHalving
+from trl_rapidfire import (
+    Budget,
+    List,
+    PopulationBased,
+    RFSFTConfig,
+    RFSFTTrainer,
+    SuccessiveHalving,
+)
 from trl_rapidfire.config.configs import RFConfigError
 from trl_rapidfire.control.policies import Policies
 from trl_rapidfire.shared_state.runs import RunStatus
@@ -140,3 +147,21 @@ def test_a_policy_on_an_eval_metric_without_evaluation_suggests_the_policy_caden
 def test_policy_is_no_save_strategy(tmp_path):
     with pytest.raises((ValueError, RFConfigError), match="policy"):
         RFSFTConfig(output_dir=str(tmp_path), **{**BASE, "save_strategy": "policy"})
+
+
+def test_policy_work_grows_with_what_changed_not_with_the_runs(tmp_path):
+    # The policy's context is kept up to date with the runs that moved: the histories made
+    # for it follow what changed (a chunk trained, its record, a run's first claim, an op),
+    # not every run at every boundary (16 x 40 = 640 at 16 runs before), and the stats count
+    # evaluations as they happen.
+    for n in (4, 16):
+        lrs = [1e-4 * 1.5 ** i for i in range(n)]
+        rf = _experiment(tmp_path / f"n{n}", "policy", SuccessiveHalving(eta=2), lrs=lrs)
+        rf.train()
+        stats = rf.engine.stats
+        chunks = len(rf.schedule)
+        assert stats.evaluations == sum(len(_eval_chunks(rf, r.name)) for r in rf.runs)
+        assert stats.evaluation_seconds > 0 and stats.policy_seconds > 0
+        changes = chunks + len(rf.op_log) + n
+        assert n <= stats.policy_histories <= n + 2 * changes, (n, stats, changes)
+        assert stats.policy_histories < n * chunks / 3 or n == 4

@@ -352,7 +352,7 @@ def test_bad_search_arguments_name_the_argument(kwargs, match):
 
 
 def test_an_eval_metric_without_evaluation_is_refused_before_training(tmp_path):
-    with pytest.raises(RFConfigError, match="eval_strategy='chunk'"):
+    with pytest.raises(RFConfigError, match="eval_strategy='policy'.*'chunk'"):
         RFSFTTrainer(model=tiny_model_path(),
                      args=RFSFTConfig(output_dir=str(tmp_path), learning_rate=Range(1e-5, 1e-2),
                                       **dict(BASE, eval_strategy="no")),

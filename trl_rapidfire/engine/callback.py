@@ -40,6 +40,9 @@ class TurnHost(Protocol):
     def evaluates_after(self, slot: RunSlot, chunks: int) -> bool:
         """Whether the run is evaluated at the end of its chunk number ``chunks`` (1-based)."""
 
+    def evaluated(self, slot: RunSlot, seconds: float) -> None:
+        """The run's chunk-end evaluation took ``seconds``."""
+
 
 class ChunkCallback(TrainerCallback):
     """Added to every run's trainer: ends the run's turn at each chunk boundary.
@@ -107,13 +110,16 @@ class ChunkCallback(TrainerCallback):
                 control.should_evaluate = True
                 # Evaluation must not move the run's random streams.
                 slot.turn.eval_rng = RngState.capture()
+                slot.turn.eval_asked = time.perf_counter()
             if slot.chunk_save:
                 control.should_save = True
 
     def on_evaluate(self, args, state, control, **kwargs):
-        if self.slot.turn.eval_rng is not None:
-            self.slot.turn.eval_rng.restore()
-            self.slot.turn.eval_rng = None
+        turn = self.slot.turn
+        if turn.eval_rng is not None:
+            turn.eval_rng.restore()
+            turn.eval_rng = None
+            self.host.evaluated(self.slot, time.perf_counter() - turn.eval_asked)
 
 
 def _length(dataloader: Any) -> int | None:

@@ -1,11 +1,10 @@
-"""This worker's side of the experiment's shared state (:mod:`trl_rapidfire.shared_state.store`):
-putting
-its runs in, claiming the next chunk, waiting for a gang, recording finished chunks, and
+"""This worker's side of the experiment's shared state (:mod:`~trl_rapidfire.shared_state.store`):
+putting its runs in, claiming the next chunk, waiting for a gang, recording finished chunks, and
 keeping its view of every run the shared state's.
 
-Each change is one ``store.transaction()``. What the engine does about the outcome (a run's
-turn ends, clones are built) is the caller's: :meth:`Coordinator.claim` returns a
-:data:`Claim`, and the methods that record chunks return the runs whose turns ended."""
+Each change is one ``store.transaction()``. What the engine does about the outcome (a run's turn
+ends, clones are built) is the caller's: :meth:`Coordinator.claim` returns a :data:`Claim`, and
+the methods that record chunks return the runs whose turns ended."""
 
 from __future__ import annotations
 
@@ -41,6 +40,7 @@ from .catch_up import catch_up_from_disk
 from .claims import Claim, Done, GangWait, Retry, Turn, Wait
 from .faults import FaultNote
 from .lifetime import WallClock
+from .policy_view import MovedRuns
 from .records import (
     ClaimLost,
     DiskFault,
@@ -104,6 +104,7 @@ class Coordinator:
         # worker's view (None: any may); both fed by the shared state's change feed.
         self._queue = RunQueue(worker.id)
         self._unsynced: set[str] | None = None
+        self.moved = MovedRuns()  # runs whose view moved since the policy last looked
 
     # ------------------------------------------------------------------ this worker's view
 
@@ -141,8 +142,8 @@ class Coordinator:
 
     def adopt(self, slot: RunSlot, record: RunState) -> None:
         """Make this worker's view of ``slot`` the shared state's ``record``."""
-        before = slot.state
-        slot.state = record
+        before, slot.state = slot.state, record
+        self.moved.note(slot.name)
         if (record.status == RunStatus.STOPPED and before.status != RunStatus.STOPPED
                 and slot.durability.volatile_chunks):
             self.stopped_volatile.append(slot)
@@ -156,7 +157,9 @@ class Coordinator:
 
     def sync(self, st: Any) -> None:
         """Inside a transaction: take every run's record that changed as this worker's view."""
-        self.training_elsewhere = {n for n, c in st.claims.items() if c.worker != self.worker.id}
+        elsewhere = {n for n, c in st.claims.items() if c.worker != self.worker.id}
+        self.moved.note(*(elsewhere ^ self.training_elsewhere))
+        self.training_elsewhere = elsewhere
         if self.worker.rank == 0 and self._clock.started is not None:
             st.wall_seconds = self._clock.seconds()
         self._take_changes(st)
@@ -199,8 +202,7 @@ class Coordinator:
         return {n: dict(info) for n, info in st.clones.items() if n not in self.slots}
 
     def close_files(self) -> None:
-        """The ``run()`` call ends: let go of ``schedule.csv`` (no chunk is recorded after the
-        writer drained)."""
+        """The ``run()`` call ends: let go of ``schedule.csv`` (the writer has drained)."""
         self._rows.close()
 
     def read_wall_seconds(self) -> float:
@@ -302,6 +304,7 @@ class Coordinator:
         writer, right after the checkpoint (one fsync'd transaction per chunk, none on the
         switch path); with no checkpoint written, by the next claim."""
         write, slot.durability.write = slot.durability.write, None
+        self.moved.note(slot.name)
         entry = PendingChunk(slot, record, complete=slot.outcome.finished,
                              chunks_total=len(slot.plan), durable=write is not None)
         self._pending.append(entry)

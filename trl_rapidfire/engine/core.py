@@ -114,7 +114,7 @@ class Engine:
         self._turns = Turns(output_dir=self.output_dir, cache=cache, pool=pool,
                             slots=self.slots, rank=self.worker.rank, replanned=self.replanned,
                             rebuild=runs.rebuild if runs is not None else None,
-                            stats=self.stats, policy_reads=policy and policy.evaluates_at)
+                            stats=self.stats, policy=policy)
         self._turns.durable = durable
         self._turns.cadence = checkpoint_every or DEFAULT_CADENCE
         self._shared = Coordinator(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from ..control.ops import (
     append_op_row,
     parse_op,
 )
-from ..control.policies import Context, Policy
+from ..control.policies import Policy
 from ..runtime.cache import save_tree
 from ..shared_state.runs import RunState, RunStatus, status_op_refusal
 from ..shared_state.store import StateStore, disband_forming_gang
@@ -33,7 +34,8 @@ from .building import register_failed
 from .clones import Clones, next_run_index
 from .coordination import Coordinator
 from .lifetime import WallClock
-from .records import RunSlot, history_of
+from .policy_view import PolicyView
+from .records import RunSlot
 from .reporting import Reporter
 from .turns import Turns
 
@@ -101,7 +103,10 @@ class OpsDesk:
         self._author_ops: set[tuple[str, str]] = set()
         # Ops may be queued from another thread (a notebook while train(blocking=False) runs).
         self._lock = threading.Lock()
-        self._policy_seen: dict[str, int] = {}
+        # The policy's context, brought up to date with the runs that moved.
+        self._view = PolicyView(slots=slots, moved=shared.moved.take,
+                                pending=shared.pending_chunks,
+                                elsewhere=lambda: shared.training_elsewhere, clock=clock.seconds)
 
     # ------------------------------------------------------------------ taking ops in
 
@@ -133,42 +138,33 @@ class OpsDesk:
         """
         if self.policy is None or self.worker.rank != 0:
             return
-        done = {s.name: s.state.chunks_done for s in self.slots.values()}
-        for name, number in self._shared.pending_chunks():
-            done[name] = max(done[name], number + 1)
-        fresh = [s for s in self.slots.values() if done[s.name] > self._policy_seen.get(s.name, 0)]
-        if not fresh:
-            return
-        context = self._policy_context(done)
+        started = time.perf_counter()
+        context = self._view.refresh()
+        decisions = [d for name in self._view.take_fresh()
+                     for d in self.policy.on_chunk_end(name, context)]
+        stats = self._turns.stats
+        stats.policy_seconds += time.perf_counter() - started
+        stats.policy_histories = self._view.histories_built
         decided: set[tuple[str, str]] = set()
-        for slot in fresh:
-            self._policy_seen[slot.name] = done[slot.name]
-            for d in self.policy.on_chunk_end(slot.name, context):
-                if d.action == "clone":
-                    verb = "clone-warm" if d.warm else "clone"
-                    op = Op(verb, dict(d.overrides))
-                    text = f"{verb} {json.dumps(dict(d.overrides), default=str)}"
-                else:
-                    # Several fresh chunks can lead to the same verdict on a waiting run.
-                    if (d.run, d.action) in decided:
-                        continue
-                    decided.add((d.run, d.action))
-                    op, text = Op(d.action), d.action
-                source = OpSource(OpOrigin.POLICY, d.by or self.policy.name)
-                self.queue_op(d.run, text, source=source, reason=d.reason, parsed=op)
+        for d in decisions:
+            if d.action == "clone":
+                verb = "clone-warm" if d.warm else "clone"
+                op = Op(verb, dict(d.overrides))
+                text = f"{verb} {json.dumps(dict(d.overrides), default=str)}"
+            else:
+                # Several fresh chunks can lead to the same verdict on a waiting run.
+                if (d.run, d.action) in decided:
+                    continue
+                decided.add((d.run, d.action))
+                op, text = Op(d.action), d.action
+            source = OpSource(OpOrigin.POLICY, d.by or self.policy.name)
+            self.queue_op(d.run, text, source=source, reason=d.reason, parsed=op)
 
     def admits_new_runs(self) -> bool:
         """Whether the policy lets an adaptive search start another run now."""
         if self.policy is None:
             return True
-        done = {s.name: s.state.chunks_done for s in self.slots.values()}
-        return self.policy.admits_new_runs(self._policy_context(done))
-
-    def _policy_context(self, done: dict[str, int]) -> Context:
-        elsewhere = self._shared.training_elsewhere
-        runs = {s.name: history_of(s, done[s.name], training=s.name in elsewhere)
-                for s in self.slots.values()}
-        return Context(runs, self._clock.seconds())
+        return self.policy.admits_new_runs(self._view.refresh())
 
     # ------------------------------------------------------------------ applying them
 

@@ -74,6 +74,13 @@ class EngineStats:
     volatile_boundaries: int = 0
     checkpoint_in_turn: float = 0.0
     checkpoint_writing: float = 0.0
+    # Evaluations the engine asked for at chunk ends, and their time (inside ``compute``).
+    evaluations: int = 0
+    evaluation_seconds: float = 0.0
+    # Asking the policy at chunk ends (keeping its context up to date included), and the run
+    # histories made for it: the runs that moved, not every run at every boundary.
+    policy_seconds: float = 0.0
+    policy_histories: int = 0
 
     @property
     def switching(self) -> float:
@@ -122,8 +129,10 @@ class TurnState:
     at_boundary: bool = False
     # The boundaries at which the run's turn already ended (a turn ends once per boundary).
     yielded_at: set[int] = field(default_factory=set)
-    # The random streams as they were before a chunk-end evaluation (put back after it).
+    # The random streams as they were before a chunk-end evaluation (put back after it),
+    # and when that evaluation was asked for (perf_counter).
     eval_rng: RngState | None = None
+    eval_asked: float = 0.0
     # The random streams at an epoch end that is a chunk boundary: (step, streams).
     epoch_end_rng: tuple[int, RngState] | None = None
     # The metric points of the chunk in progress: (key, value, step, time in ms), handed to

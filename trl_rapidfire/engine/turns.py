@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..control.policies import Policy
 from ..runtime.accelerate_state import restore_accelerate_state, snapshot_accelerate_state
 from ..runtime.cache import StateCache
 from ..runtime.models import ModelPool
@@ -60,6 +61,7 @@ class Turns:
         replanned: told when a run's plan changes.
         rebuild: a fresh trainer for a run that continues from its checkpoint (``None``:
             this experiment cannot rebuild one).
+        policy: the experiment's automatic control, if any.
     """
 
     def __init__(
@@ -67,7 +69,7 @@ class Turns:
         slots: dict[str, RunSlot], rank: int, replanned: Callable[[], None],
         rebuild: Callable[[RunSlot], RunTrainer] | None = None,
         stats: EngineStats | None = None,
-        policy_reads: Callable[[str, int, int], bool] | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self.output_dir = output_dir
         self.cache = cache
@@ -79,9 +81,9 @@ class Turns:
         self.durable = True
         self.cadence: CheckpointCadence = DEFAULT_CADENCE
         self.rebuild = rebuild
-        # Where the experiment's policy reads a run's metric (``Policy.evaluates_at``; None:
-        # no policy): the boundaries a run with ``eval_strategy="policy"`` is evaluated at.
-        self._policy_reads = policy_reads
+        # Where it reads a run's metric (``Policy.evaluates_at``) is where a run with
+        # ``eval_strategy="policy"`` is evaluated.
+        self._policy = policy
         # The run whose tensors were switched in last.
         self.resident: RunSlot | None = None
         # Runs between turns whose tensors stayed where they were ("idle in place"), least
@@ -112,6 +114,10 @@ class Turns:
     def replanned(self) -> None:
         self._replanned()
 
+    def evaluated(self, slot: RunSlot, seconds: float) -> None:
+        self.stats.evaluations += 1
+        self.stats.evaluation_seconds += seconds
+
     def evaluates_after(self, slot: RunSlot, chunks: int) -> bool:
         cadence = slot.evaluation
         if cadence is EvalCadence.CHUNK:
@@ -120,8 +126,8 @@ class Turns:
             return False
         total = len(slot.plan)
         # The run's end is always judged (the best run is picked by its last value).
-        return chunks >= total or (self._policy_reads is not None
-                                   and self._policy_reads(slot.name, chunks, total))
+        return chunks >= total or (self._policy is not None
+                                   and self._policy.evaluates_at(slot.name, chunks, total))
 
     def attach(self, slot: RunSlot, trainer: RunTrainer) -> None:
         # The trainer's starting point: RNG streams and accelerate state as they are right

@@ -13,6 +13,7 @@ saving. The model is Optuna's pruners and Ray Tune's trial schedulers (``on_resu
 CONTINUE | PAUSE | STOP``), asked at chunk granularity.
 
 Built in: :class:`SuccessiveHalving` (asynchronous successive halving, ASHA),
+:class:`Hyperband` (several halving schedules side by side, runs split between them),
 :class:`PopulationBased` (exploit and explore with warm clones) and :class:`Budget`; combine
 several by passing a list (:class:`Policies`).
 """
@@ -29,6 +30,7 @@ from .base import (
     metric_at,
 )
 from .budget import Budget
+from .hyperband import Hyperband
 from .population_based import PopulationBased
 from .successive_halving import SuccessiveHalving
 
@@ -36,6 +38,7 @@ __all__ = [
     "Budget",
     "Context",
     "Decision",
+    "Hyperband",
     "Policies",
     "Policy",
     "PopulationBased",

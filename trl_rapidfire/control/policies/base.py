@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ...shared_state.runs import RunStatus
+from .rungs import Rung
 
 
 @dataclass(frozen=True)
@@ -41,25 +42,83 @@ class RunHistory:
     training: bool = False
 
 
-@dataclass(frozen=True)
 class Context:
     """Everything a policy sees at a chunk end.
+
+    Made once by the engine and kept up to date (:meth:`update`) with the runs that moved
+    since the policy last looked, so that a decision costs what changed, not the number of
+    runs: :meth:`rung` answers questions about the runs at one chunk count from an index kept
+    in step with the histories. A context made by hand (``Context(runs)``) is the same
+    snapshot, indexed on first use.
 
     Attributes:
         runs: every run of the experiment by name (clones included, as they appear).
         wall_seconds: time the experiment has trained so far, over all its sessions.
+        version: how many times :meth:`update` changed it; a policy that keeps something
+            derived from it brings that up to date with :meth:`changed_since`.
     """
 
-    runs: Mapping[str, RunHistory]
-    wall_seconds: float = 0.0
+    def __init__(self, runs: Mapping[str, RunHistory], wall_seconds: float = 0.0) -> None:
+        self._runs: dict[str, RunHistory] = dict(runs)
+        self._order = {name: i for i, name in enumerate(self._runs)}
+        self.wall_seconds = wall_seconds
+        self._changes: list[frozenset[str]] = []  # the runs each update replaced
+        self._rungs: dict[tuple[str, str, int], Rung] = {}
+        self._total_steps: int | None = None
+
+    @property
+    def runs(self) -> Mapping[str, RunHistory]:
+        return self._runs
+
+    def update(self, histories: Iterable[RunHistory], wall_seconds: float) -> None:
+        """Replace these runs' histories (a new run is added at the end) and the wall time."""
+        changed = []
+        for new in histories:
+            old = self._runs.get(new.name)
+            order = self._order.setdefault(new.name, len(self._order))
+            self._runs[new.name] = new
+            changed.append(new.name)
+            for rung in self._rungs.values():
+                rung.replace(old, new, order)
+            if self._total_steps is not None:
+                self._total_steps += _steps(new) - (_steps(old) if old is not None else 0)
+        self._changes.append(frozenset(changed))
+        self.wall_seconds = wall_seconds
+
+    @property
+    def version(self) -> int:
+        return len(self._changes)
+
+    def changed_since(self, version: int) -> set[str]:
+        """The runs replaced since the context was at ``version``."""
+        return set().union(*self._changes[version:])
+
+    def rung(self, metric: str, chunks: int, mode: str = "min") -> Rung:
+        """The runs at ``chunks`` chunks judged by ``metric`` (see :class:`~.rungs.Rung`),
+        indexed on first use and kept up to date from then on."""
+        key = (metric, mode, chunks)
+        rung = self._rungs.get(key)
+        if rung is None:
+            rung = self._rungs[key] = Rung(metric, chunks, mode)
+            for name, history in self._runs.items():
+                rung.replace(None, history, self._order[name])
+        return rung
+
+    def order(self, run: str) -> int:
+        """The run's place among the experiment's runs (the order they appeared in)."""
+        return self._order[run]
 
     @property
     def total_steps(self) -> int:
         """Optimizer steps trained so far, summed over every run."""
-        return sum(
-            h.chunk_ends[h.chunks_done - 1] if 0 < h.chunks_done <= len(h.chunk_ends) else 0
-            for h in self.runs.values()
-        )
+        if self._total_steps is None:
+            self._total_steps = sum(_steps(h) for h in self._runs.values())
+        return self._total_steps
+
+
+def _steps(history: RunHistory) -> int:
+    done, ends = history.chunks_done, history.chunk_ends
+    return ends[done - 1] if 0 < done <= len(ends) else 0
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .base import Context, Decision, Policy, check_metric, check_mode, metric_at, values_at
+from .base import Context, Decision, Policy, check_metric, check_mode, metric_at
 
 
 class SuccessiveHalving(Policy):
@@ -60,34 +60,29 @@ class SuccessiveHalving(Policy):
         return chunks < chunks_total and self.rung_of(chunks) is not None
 
     def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
-        chunks = context.runs[run].chunks_done
+        me = context.runs[run]
+        chunks = me.chunks_done
         rung = self.rung_of(chunks)
         if rung is None:
             return []
-        peers = values_at(context, self.metric, chunks)
-        to_come = sum(1 for h in context.runs.values()
-                      if h.status.schedulable and h.chunks_done < chunks <= h.chunks_total)
-        size = len(peers) + to_come
+        # The rung's runs, indexed by the context and kept up to date as runs move: a
+        # decision is O(log N), not a pass over every run's history.
+        at = context.rung(self.metric, chunks, self.mode)
+        size = at.arrived + at.to_come
         keep = max(1, size // self.eta)
         out = []
-        # The run that just arrived first, then the ones waiting at the same rung.
-        waiting = sorted((h for h in context.runs.values() if h.chunks_done == chunks),
-                         key=lambda h: h.name != run)
-        for h in waiting:
-            if not h.status.schedulable or h.training or chunks >= h.chunks_total:
-                continue
-            mine = metric_at(h, self.metric, chunks)
-            if mine is None:
-                continue
-            if math.isnan(mine):
-                if h.name == run:  # a waiting run's NaN was decided when it arrived
-                    out.append(Decision(run, "fail", f"{self.metric} is NaN at rung {rung} "
-                                                     f"({chunks} chunks)"))
-                continue
-            better = sum(1 for v in peers.values()
-                         if (v < mine if self.mode == "min" else v > mine))
-            if better >= keep:
-                out.append(Decision(h.name, "stop", (
-                    f"rung {rung}: {self.metric} {mine:.4g} not in best 1/{self.eta} of "
-                    f"{size} ({better} better)")))
+        mine = metric_at(me, self.metric, chunks)
+        if (mine is not None and math.isnan(mine) and me.status.schedulable
+                and not me.training and chunks < me.chunks_total):
+            out.append(Decision(run, "fail", f"{self.metric} is NaN at rung {rung} "
+                                             f"({chunks} chunks)"))
+        # The run that just arrived first, then the ones waiting at the same rung: those with
+        # at least ``keep`` arrived runs strictly better are out.
+        beaten = at.beaten_waiting(keep)
+        for name in sorted(beaten, key=lambda n: n != run):
+            value = at.value_of(name)
+            assert value is not None  # a waiting run has a value
+            out.append(Decision(name, "stop", (
+                f"rung {rung}: {self.metric} {value:.4g} not in best 1/{self.eta} of "
+                f"{size} ({at.better_than(value)} better)")))
         return out

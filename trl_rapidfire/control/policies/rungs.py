@@ -1,0 +1,115 @@
+"""One rung's runs, kept sorted by their metric as runs change, so that a policy's decision at
+a rung costs O(log N) instead of a pass over every run's history.
+
+A :class:`Rung` belongs to a :class:`~.base.Context` and is told of every run whose history
+the context replaces (:meth:`Rung.replace`): an experiment's context changes by the few runs
+that moved since the policy last looked, and so does each of its rungs. What it answers is what
+a pass over the histories would (the tests compare both on random experiments).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right, insort
+from typing import TYPE_CHECKING
+
+from ...shared_state.runs import RunStatus
+
+if TYPE_CHECKING:
+    from .base import RunHistory
+
+__all__ = ["Rung"]
+
+
+class Rung:
+    """The runs of an experiment at ``chunks`` chunks, judged by ``metric`` (``mode``: ``min``
+    or ``max``).
+
+    Three sets are kept, each as SuccessiveHalving reads it:
+
+    * *arrived*: runs not deleted that have ``chunks`` chunks done and a value there (NaN left
+      out), as sorted keys (the value, negated for ``max``: smaller is better);
+    * *to come*: runs in the rotation with fewer chunks whose plan reaches ``chunks``;
+    * *waiting*: arrived runs that sit at the rung (exactly ``chunks`` done), are in the
+      rotation, are not training their next chunk elsewhere and have chunks left, as
+      (key, order, name) sorted: the ones a decision here can still stop.
+    """
+
+    def __init__(self, metric: str, chunks: int, mode: str) -> None:
+        self.metric, self.chunks, self.sign = metric, chunks, (1.0 if mode == "min" else -1.0)
+        self._keys: list[float] = []
+        self._key_of: dict[str, float] = {}
+        self._to_come: set[str] = set()
+        self._waiting: list[tuple[float, int, str]] = []
+        self._waiting_entry: dict[str, tuple[float, int, str]] = {}
+
+    # ------------------------------------------------------------------ kept up to date
+
+    def replace(self, old: RunHistory | None, new: RunHistory, order: int) -> None:
+        """``new`` is now the run's history (``old``: what it was, ``None`` for a new run);
+        ``order``: the run's place in the experiment (ties are broken by it)."""
+        name = new.name
+        key = self._key_of.get(name)
+        # A run's log up to a chunk never changes once the run is past it (training only
+        # appends), so its value here is looked up again only when it arrives or went back.
+        if key is None or old is None or new.chunks_done < old.chunks_done \
+                or new.chunks_done < self.chunks:
+            key = self._key(new)
+        self._forget(name)
+        if key is not None and new.status != RunStatus.DELETED:
+            self._key_of[name] = key
+            insort(self._keys, key)
+            if (new.chunks_done == self.chunks < new.chunks_total and new.status.schedulable
+                    and not new.training):
+                entry = (key, order, name)
+                self._waiting_entry[name] = entry
+                insort(self._waiting, entry)
+        elif new.status.schedulable and new.chunks_done < self.chunks <= new.chunks_total:
+            self._to_come.add(name)
+
+    def _key(self, history: RunHistory) -> float | None:
+        from .base import metric_at  # base imports this module
+
+        if history.chunks_done < self.chunks:
+            return None
+        value = metric_at(history, self.metric, self.chunks)
+        return None if value is None or math.isnan(value) else self.sign * value
+
+    def _forget(self, name: str) -> None:
+        key = self._key_of.pop(name, None)
+        if key is not None:
+            del self._keys[bisect_left(self._keys, key)]
+        entry = self._waiting_entry.pop(name, None)
+        if entry is not None:
+            del self._waiting[bisect_left(self._waiting, entry)]
+        self._to_come.discard(name)
+
+    # ------------------------------------------------------------------ what it answers
+
+    @property
+    def arrived(self) -> int:
+        """Runs with a value here."""
+        return len(self._keys)
+
+    @property
+    def to_come(self) -> int:
+        """Runs in the rotation that can still arrive here."""
+        return len(self._to_come)
+
+    def better_than(self, value: float) -> int:
+        """How many arrived runs are strictly better than ``value``."""
+        return bisect_left(self._keys, self.sign * value)
+
+    def value_of(self, name: str) -> float | None:
+        """The run's value here, if it arrived with one."""
+        key = self._key_of.get(name)
+        return None if key is None else self.sign * key
+
+    def beaten_waiting(self, keep: int) -> list[str]:
+        """The waiting runs with at least ``keep`` arrived runs strictly better, in the
+        experiment's order: the ones the rule ``keep the best keep`` stops now."""
+        if keep < 1 or len(self._keys) < keep:
+            return []
+        threshold = self._keys[keep - 1]  # the keep-th best: stopped is what is worse
+        first = bisect_right(self._waiting, threshold, key=lambda entry: entry[0])
+        return [name for _, _, name in sorted(self._waiting[first:], key=lambda e: e[1])]
