@@ -5,10 +5,10 @@ CPU cores)::
 
     HF_HUB_OFFLINE=1 python examples/sft_successive_halving.py
 
-Every run is evaluated at every chunk end (``eval_strategy="chunk"``). After each chunk,
-``SuccessiveHalving`` (asynchronous successive halving over chunks, eta=2) looks at the eval
-losses: at 1, 2 and 4 chunks a run continues only if it is among the better half of the runs
-that got that far. Its decisions are ordinary control ops, so they appear in the op log
+Each run is evaluated where the policy reads its eval loss and at its end
+(``eval_strategy="policy"``). After each chunk, ``SuccessiveHalving`` (asynchronous successive
+halving over chunks, eta=2) looks at the eval losses: at 1, 2 and 4 chunks a run continues only
+if it is among the better half of the runs that got that far. Its decisions are ordinary control ops, so they appear in the op log
 (``<output_dir>/ops.csv``, ``trainer.op_log``), on each run's MLflow tags when tracking is on,
 and in the runs table below (the ``last op`` column). A stopped run can still be resumed by a
 person (``trainer.resume("run-3"); trainer.train()``) and then continues exactly.
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
             per_device_eval_batch_size=32,
             num_train_epochs=1,
             num_chunks=args.num_chunks,
-            eval_strategy="chunk",
+            eval_strategy="policy",
             **cpu_training_kwargs(),
         ),
         train_dataset=make_sft_dataset(args.rows, seed=1),

@@ -145,3 +145,54 @@ def test_total_steps_kept_up_to_date():
     assert {d.run for d in budget.on_chunk_end("run-0", context)} == {
         f"run-{i}" for i in range(4)}
     assert context.changed_since(0) == {"run-0"} and context.version == 1
+
+
+def _pbt_reference(policy, run, context):
+    """PopulationBased's rule written over every history, as it was before the index: the
+    ranking of ``values_at``, worst first, ties in the runs' order."""
+    import math as _math
+
+    from trl_rapidfire.control.policies.base import values_at
+
+    me = context.runs[run]
+    chunks = me.chunks_done
+    if chunks % policy.interval or chunks >= me.chunks_total or not me.status.schedulable:
+        return None
+    mine = metric_at(me, policy.metric, chunks)
+    if mine is None or _math.isnan(mine):
+        return None
+    values = values_at(context, policy.metric, chunks)
+    if len(values) < 2:
+        return []
+    cut = max(1, int(len(values) * policy.quantile))
+    ordered = sorted(values.items(), key=lambda kv: kv[1], reverse=policy.mode == "min")
+    boundary = ordered[cut][1]
+    if not ((mine > boundary) if policy.mode == "min" else (mine < boundary)):
+        return []
+    return [name for name, _ in ordered[-cut:] if name != run]
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_population_based_ranks_as_a_pass_over_every_history(mode):
+    from trl_rapidfire.control.policies import PopulationBased
+
+    rng = random.Random(3)
+    for trial in range(40):
+        n = rng.randrange(2, 12)
+        # Few distinct values: ties at the cut-off and among the donors.
+        runs = [history(f"run-{i}", [float(rng.randrange(4)) for _ in range(2)], 6)
+                for i in range(n)]
+        context = Context({h.name: h for h in runs})
+        pbt = PopulationBased("eval_loss", mode, interval_chunks=2, quantile=0.25,
+                              mutations={"learning_rate": 2.0}, seed=trial)
+        for h in runs:
+            want = _pbt_reference(pbt, h.name, context)
+            got = pbt.on_chunk_end(h.name, context)
+            if not want:
+                assert [d for d in got if d.action != "fail"] == [], (trial, h.name)
+                continue
+            stop, clone = got
+            assert (stop.run, stop.action, clone.action) == (h.name, "stop", "clone")
+            # The donor is drawn from the same list, in the same order, with the same seed.
+            draw = pbt._rng(h.name, 2)
+            assert clone.run == want[draw.randrange(len(want))], (trial, h.name)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...config.knobs import Knob
-from .base import Context, Decision, Policy, check_metric, check_mode, metric_at, values_at
+from .base import Context, Decision, Policy, check_metric, check_mode, metric_at
 
 
 class PopulationBased(Policy):
@@ -81,23 +81,24 @@ class PopulationBased(Policy):
             return []
         if math.isnan(mine):
             return [Decision(run, "fail", f"{self.metric} is NaN after {chunks} chunks")]
-        values = values_at(context, self.metric, chunks)
-        if len(values) < 2:
+        # The runs at this point ranked by the context's index (kept as runs move), not by a
+        # pass over every history: worst first, ties in the runs' order.
+        at = context.rung(self.metric, chunks, self.mode)
+        if at.arrived < 2:
             return []
-        cut = max(1, int(len(values) * self.quantile))
-        ordered = sorted(values.items(), key=lambda kv: kv[1], reverse=self.mode == "min")
+        cut = max(1, int(at.arrived * self.quantile))
         # Replaced: strictly worse than the worst run outside the bottom quantile (so runs
         # tied with it stay, and never more than the quantile goes).
-        boundary = ordered[cut][1]
+        boundary = at.value_at(at.arrived - 1 - cut)
         if not ((mine > boundary) if self.mode == "min" else (mine < boundary)):
             return []
-        top = [name for name, _ in ordered[-cut:] if name != run]
+        top = [name for name in reversed(at.best(cut)) if name != run]
         if not top:
             return []
         rng = self._rng(run, chunks)
         donor = top[rng.randrange(len(top))]
         overrides = self._mutate(context.runs[donor].knobs, rng)
         reason = (f"{self.metric} {mine:.4g} in the bottom {self.quantile:g} of "
-                  f"{len(values)} after {chunks} chunks")
+                  f"{at.arrived} after {chunks} chunks")
         return [Decision(run, "stop", reason),
                 Decision(donor, "clone", f"replaces {run} ({reason})", overrides, warm=True)]

@@ -28,7 +28,9 @@ class Rung:
     Three sets are kept, each as SuccessiveHalving reads it:
 
     * *arrived*: runs not deleted that have ``chunks`` chunks done and a value there (NaN left
-      out), as sorted keys (the value, negated for ``max``: smaller is better);
+      out), as (key, -order, name) sorted: the key is the value, negated for ``max`` (smaller
+      is better), and among equal values the later run comes first (so that the ranking
+      reversed is worst first with ties in the runs' order, as PopulationBased ranks);
     * *to come*: runs in the rotation with fewer chunks whose plan reaches ``chunks``;
     * *waiting*: arrived runs that sit at the rung (exactly ``chunks`` done), are in the
       rotation, are not training their next chunk elsewhere and have chunks left, as
@@ -37,8 +39,8 @@ class Rung:
 
     def __init__(self, metric: str, chunks: int, mode: str) -> None:
         self.metric, self.chunks, self.sign = metric, chunks, (1.0 if mode == "min" else -1.0)
-        self._keys: list[float] = []
-        self._key_of: dict[str, float] = {}
+        self._arrived: list[tuple[float, int, str]] = []
+        self._arrived_entry: dict[str, tuple[float, int, str]] = {}
         self._to_come: set[str] = set()
         self._waiting: list[tuple[float, int, str]] = []
         self._waiting_entry: dict[str, tuple[float, int, str]] = {}
@@ -49,7 +51,8 @@ class Rung:
         """``new`` is now the run's history (``old``: what it was, ``None`` for a new run);
         ``order``: the run's place in the experiment (ties are broken by it)."""
         name = new.name
-        key = self._key_of.get(name)
+        entry = self._arrived_entry.get(name)
+        key = entry[0] if entry is not None else None
         # A run's log up to a chunk never changes once the run is past it (training only
         # appends), so its value here is looked up again only when it arrives or went back.
         if key is None or old is None or new.chunks_done < old.chunks_done \
@@ -57,13 +60,13 @@ class Rung:
             key = self._key(new)
         self._forget(name)
         if key is not None and new.status != RunStatus.DELETED:
-            self._key_of[name] = key
-            insort(self._keys, key)
+            self._arrived_entry[name] = entry = (key, -order, name)
+            insort(self._arrived, entry)
             if (new.chunks_done == self.chunks < new.chunks_total and new.status.schedulable
                     and not new.training):
-                entry = (key, order, name)
-                self._waiting_entry[name] = entry
-                insort(self._waiting, entry)
+                waiting = (key, order, name)
+                self._waiting_entry[name] = waiting
+                insort(self._waiting, waiting)
         elif new.status.schedulable and new.chunks_done < self.chunks <= new.chunks_total:
             self._to_come.add(name)
 
@@ -76,12 +79,12 @@ class Rung:
         return None if value is None or math.isnan(value) else self.sign * value
 
     def _forget(self, name: str) -> None:
-        key = self._key_of.pop(name, None)
-        if key is not None:
-            del self._keys[bisect_left(self._keys, key)]
-        entry = self._waiting_entry.pop(name, None)
+        entry = self._arrived_entry.pop(name, None)
         if entry is not None:
-            del self._waiting[bisect_left(self._waiting, entry)]
+            del self._arrived[bisect_left(self._arrived, entry)]
+        waiting = self._waiting_entry.pop(name, None)
+        if waiting is not None:
+            del self._waiting[bisect_left(self._waiting, waiting)]
         self._to_come.discard(name)
 
     # ------------------------------------------------------------------ what it answers
@@ -89,7 +92,7 @@ class Rung:
     @property
     def arrived(self) -> int:
         """Runs with a value here."""
-        return len(self._keys)
+        return len(self._arrived)
 
     @property
     def to_come(self) -> int:
@@ -98,18 +101,27 @@ class Rung:
 
     def better_than(self, value: float) -> int:
         """How many arrived runs are strictly better than ``value``."""
-        return bisect_left(self._keys, self.sign * value)
+        return bisect_left(self._arrived, (self.sign * value, -math.inf))
 
     def value_of(self, name: str) -> float | None:
         """The run's value here, if it arrived with one."""
-        key = self._key_of.get(name)
-        return None if key is None else self.sign * key
+        entry = self._arrived_entry.get(name)
+        return None if entry is None else self.sign * entry[0]
+
+    def value_at(self, rank: int) -> float:
+        """The value of the arrived run ranked ``rank`` (0: the best)."""
+        return self.sign * self._arrived[rank][0]
+
+    def best(self, count: int) -> list[str]:
+        """The ``count`` best arrived runs, best first (among equal values, later runs
+        first)."""
+        return [name for _, _, name in self._arrived[:count]]
 
     def beaten_waiting(self, keep: int) -> list[str]:
         """The waiting runs with at least ``keep`` arrived runs strictly better, in the
         experiment's order: the ones the rule ``keep the best keep`` stops now."""
-        if keep < 1 or len(self._keys) < keep:
+        if keep < 1 or len(self._arrived) < keep:
             return []
-        threshold = self._keys[keep - 1]  # the keep-th best: stopped is what is worse
+        threshold = self._arrived[keep - 1][0]  # the keep-th best: stopped is what is worse
         first = bisect_right(self._waiting, threshold, key=lambda entry: entry[0])
         return [name for _, _, name in sorted(self._waiting[first:], key=lambda e: e[1])]
