@@ -165,3 +165,29 @@ def test_policy_work_grows_with_what_changed_not_with_the_runs(tmp_path):
         changes = chunks + len(rf.op_log) + n
         assert n <= stats.policy_histories <= n + 2 * changes, (n, stats, changes)
         assert stats.policy_histories < n * chunks / 3 or n == 4
+
+
+def test_a_run_builds_its_eval_loader_once_and_evaluates_as_a_fresh_one(tmp_path, monkeypatch):
+    # A new loader per evaluation re-derived the eval set and prepared a new loader each time
+    # (about half of an evaluation of 32 rows on the tiny model): a run keeps its own.
+    import transformers
+
+    built = []
+    make = transformers.Trainer._get_dataloader
+
+    def counted(self, dataset, description, *args, **kwargs):
+        built.append(description)
+        return make(self, dataset, description, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.Trainer, "_get_dataloader", counted)
+    rf = _experiment(tmp_path / "e", "chunk", None, lrs=[1e-3, 1e-2])
+    rf.train()
+    assert rf.engine.stats.evaluations == 2 * CHUNKS
+    assert built.count("Evaluation") == 2  # one a run
+    trainer = rf.run_trainer(rf.best_run.name)
+    rf.engine.activate(rf.best_run.name)
+    kept = trainer.evaluate()["eval_loss"]
+    other = make_sft_dataset(8, seed=9)  # the same rows, given to the call: a loader of its own
+    fresh = trainer.evaluate(eval_dataset=other)["eval_loss"]
+    assert kept == fresh == rf.best_run.metrics["eval_loss"]
+    assert built.count("Evaluation") == 3
