@@ -25,7 +25,12 @@ from ..control.ops import OpRecord
 from ..engine import Engine, RunSlot, RunTrainer
 from ..reports.notebook_panel import NotebookPanel, panel_can_show
 from ..reports.results import RunResult, metric_points, pick_best
-from ..runtime.accelerate_state import fill_empty_from, left_as_found, restore_accelerate_state
+from ..runtime.accelerate_state import (
+    answer_package_checks_once,
+    fill_empty_from,
+    left_as_found,
+    restore_accelerate_state,
+)
 from ..search.searches import GridSearch, Search
 from ..storage.names import UntrustedValue
 from ..storage.schedule import ChunkRecord
@@ -59,6 +64,7 @@ class RFTrainerMixin:
         self._rf_background: tuple[threading.Thread, dict[str, Any]] | None = None
         self._rf_panel: NotebookPanel | None = None
         self._rf_in_train = False
+        answer_package_checks_once()
         with left_as_found():
             self._rf_setup_runs(**kwargs)
         # A plain TRL trainer leaves the process's accelerate state its own: so does this one
