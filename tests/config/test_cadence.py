@@ -221,3 +221,30 @@ def test_a_new_trainer_in_the_same_process_retrains_what_the_last_one_left_volat
     for run in ("run-0", "run-1"):
         want, got = _final(tmp_path / "ref", run), _final(out, run)
         assert all(torch.equal(want[k], got[k]) for k in want), run
+
+
+def test_a_stops_write_goes_on_while_the_next_chunks_train_and_is_recorded_once_done(tmp_path):
+    # A stop's checkpoint is written on the writer thread while training goes on (it cost a
+    # wait and an fsync'd record in the loop, at every stop), and recorded as durable at a
+    # later boundary once it is on disk, long before train() ends.
+    from transformers import TrainerCallback
+
+    out = tmp_path / "exp"
+    trainer = _experiment(out, checkpoint_every="1h")
+    seen = []
+
+    class StopRun0ThenLook(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if not args.output_dir.endswith("run-1"):
+                return
+            if state.global_step == 2:
+                trainer.stop("run-0")  # applied at the next boundary
+            if state.global_step >= 6:
+                seen.append(FileStore(out / ".rapidfire", "", create=False).read()
+                            .runs["run-0"])
+
+    trainer.run_trainer("run-1").add_callback(StopRun0ThenLook())
+    trainer.train()
+    stopped = seen[-1]
+    assert stopped.status == "stopped" and not stopped.volatile
+    assert stopped.durable_step == stopped.global_step > 0

@@ -50,6 +50,7 @@ from .records import (
     RunSlot,
     StateUnwritable,
     WriteFailed,
+    Written,
 )
 
 __all__ = ["Claim", "Coordinator", "Done", "GangWait", "Retry", "Turn", "Wait"]
@@ -407,15 +408,15 @@ class Coordinator:
             self.sync(st)
         return slots
 
-    def mark_durable(self, writes: list[tuple[RunSlot, concurrent.futures.Future]]) -> None:
-        """Each run's volatile chunks are on disk once its write (its checkpoint at its last
-        recorded boundary) is done: record that, durably, in one transaction. The caller
-        waited for the writes (see ``durability.make_durable``)."""
+    def mark_durable(self, writes: list[Written]) -> None:
+        """Each run's volatile chunks (up to ``chunks``, step ``step``) are on disk once its
+        write is done: record that, durably, in one transaction (a run that moved on since is
+        left as it is). The caller waited for the writes (``durability.make_durable``)."""
         done = []
-        for slot, write in writes:
+        for slot, write, chunks, step in writes:
             error = write.exception()
             if error is None:
-                done.append(slot)
+                done.append((slot.name, chunks, step))
                 continue
             fault = checkpoint_fault(error)
             if fault is None:
@@ -424,9 +425,8 @@ class Coordinator:
         if not done:
             return
         with self._transaction() as st:
-            for slot in done:
-                mark_durable(st, slot.name, self.worker.id, slot.state.chunks_done,
-                             slot.state.global_step)
+            for name, chunks, step in done:
+                mark_durable(st, name, self.worker.id, chunks, step)
             self.sync(st)
 
     def wait_for_a_write(self) -> bool:

@@ -311,7 +311,7 @@ class Engine:
                 self._flush_finishes()
                 self.apply_ops()
             self._proposals.step()
-            if self._shared.stopped_volatile:
+            if self._shared.stopped_volatile or self._turns.stopped_writes:
                 write_stopped(self._turns, self._shared)
             match self._claim():
                 case Done():

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from ..shared_state.runs import RunStatus
 from .coordination import Coordinator
-from .records import RunSlot
+from .records import RunSlot, Written
 from .turns import Turns
 
 __all__ = ["make_durable", "write_stopped"]
@@ -20,17 +20,38 @@ __all__ = ["make_durable", "write_stopped"]
 
 def make_durable(turns: Turns, shared: Coordinator, slots: Iterable[RunSlot]) -> None:
     """Write the checkpoint of every run in ``slots`` whose boundary is volatile, wait for the
-    writes, and record them in the shared state."""
-    writes = [(slot, write) for slot in slots
+    writes (and for the stopped runs' writes still going), and record them in the shared
+    state."""
+    writes = [_written(slot, write) for slot in slots
               if (write := turns.make_durable(slot)) is not None]
+    writes, turns.stopped_writes = writes + turns.stopped_writes, []
     if writes:
         turns.open_writes()
-        concurrent.futures.wait([write for _, write in writes])
+        concurrent.futures.wait([write for _, write, _, _ in writes])
         shared.mark_durable(writes)
 
 
 def write_stopped(turns: Turns, shared: Coordinator) -> None:
-    """Stopped runs with volatile boundaries here: their state is written now (a stop is a
-    durable point, whoever resumes the run and wherever)."""
+    """Stopped runs with volatile boundaries here: their state is written (a stop is a
+    durable point, whoever resumes the run and wherever).
+
+    Written on the writer thread while the next chunk trains, and recorded as durable at a
+    later boundary once done (at the latest when the runs leave this worker, see
+    :func:`make_durable`): waiting for each stop's write and its fsync'd record in the loop
+    cost ~24 ms a stop on the tiny model, and successive halving stops most runs. Until it is
+    recorded, a crash loses nothing but the stopped run's volatile chunks, which a re-run
+    trains again exactly."""
     stopped, shared.stopped_volatile = shared.stopped_volatile, []
-    make_durable(turns, shared, [s for s in stopped if s.state.status == RunStatus.STOPPED])
+    for slot in stopped:
+        if slot.state.status == RunStatus.STOPPED:
+            write = turns.make_durable(slot)
+            if write is not None:
+                turns.stopped_writes.append(_written(slot, write))
+    done = [entry for entry in turns.stopped_writes if entry[1].done()]
+    if done:
+        turns.stopped_writes = [entry for entry in turns.stopped_writes if entry not in done]
+        shared.mark_durable(done)
+
+
+def _written(slot: RunSlot, write: concurrent.futures.Future) -> Written:
+    return slot, write, slot.state.chunks_done, slot.state.global_step

@@ -24,7 +24,7 @@ from .run_trainer import EvalCadence, RunTrainer
 
 __all__ = ["ClaimLost", "DiskFault", "Durability", "EngineStats", "LoopHooks", "Outcome",
            "PendingChunk", "Recorded", "Recording", "RunFailure", "RunSlot", "StateUnwritable",
-           "TurnState", "WarmStart", "WeightsAt", "WriteFailed", "history_of"]
+           "TurnState", "WarmStart", "WeightsAt", "WriteFailed", "Written", "history_of"]
 
 
 class RunFailure(RuntimeError):
@@ -395,3 +395,7 @@ class StateUnwritable:
 
 # What recording a pending chunk in the shared state came to.
 Recording = Recorded | ClaimLost | DiskFault | WriteFailed | StateUnwritable
+
+# A run's checkpoint handed to the writer thread at the boundary after ``chunks`` chunks
+# (step ``step``): (the run, the write, chunks, step). Its chunks are durable once it is done.
+Written = tuple[RunSlot, concurrent.futures.Future, int, int]

@@ -38,7 +38,7 @@ from .building import plan_for
 from .callback import ChunkCallback
 from .divergence import check_finite
 from .faults import disk_faults
-from .records import EngineStats, RunSlot, WeightsAt
+from .records import EngineStats, RunSlot, WeightsAt, Written
 from .run_trainer import EvalCadence, RunTrainer
 
 __all__ = ["Turns"]
@@ -81,6 +81,9 @@ class Turns:
         self.durable = True
         self.cadence: CheckpointCadence = DEFAULT_CADENCE
         self.rebuild = rebuild
+        # Stopped runs' checkpoints on the writer thread, not yet recorded as durable (see
+        # durability.write_stopped).
+        self.stopped_writes: list[Written] = []
         # Where it reads a run's metric (``Policy.evaluates_at``) is where a run with
         # ``eval_strategy="policy"`` is evaluated.
         self._policy = policy
