@@ -8,10 +8,11 @@ CPU cores)::
 Each run is evaluated where the policy reads its eval loss and at its end
 (``eval_strategy="policy"``). After each chunk, ``SuccessiveHalving`` (asynchronous successive
 halving over chunks, eta=2) looks at the eval losses: at 1, 2 and 4 chunks a run continues only
-if it is among the better half of the runs that got that far. Its decisions are ordinary control ops, so they appear in the op log
-(``<output_dir>/ops.csv``, ``trainer.op_log``), on each run's MLflow tags when tracking is on,
-and in the runs table below (the ``last op`` column). A stopped run can still be resumed by a
-person (``trainer.resume("run-3"); trainer.train()``) and then continues exactly.
+if it is among the better half of the runs that got that far. Its decisions are ordinary
+control ops, so they appear in the op log (``<output_dir>/ops.csv``, ``trainer.op_log``), on
+each run's MLflow tags when tracking is on, and in the runs table below (the ``last op``
+column). A stopped run can still be resumed by a person (``trainer.resume("run-3");
+trainer.train()``) and then continues exactly.
 
 With ``--budget-steps N`` a ``Budget`` joins the policy and stops every remaining run once the
 runs have trained N steps in all.

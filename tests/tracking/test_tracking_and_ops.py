@@ -97,6 +97,7 @@ def test_metrics_params_and_tags_land_in_sqlite_and_a_rerun_continues_the_same_r
     # Another folder with the same base name is another experiment's runs.
     other = _trainer(model_path, tmp_path / "elsewhere" / "exp", lrs=(1e-3,))
     assert other.engine.tracker.rf_experiment != tracker.rf_experiment
+    other.engine.tracker.flush()  # its runs are made on the tracking thread, not at once
     assert set(_children(client, other)) == {"run-0"}
 
 
@@ -238,7 +239,8 @@ def test_points_missing_before_later_steps_are_logged_once_on_a_rerun(tmp_path):
     first.flush()
     first.close()
     second = Tracker(tmp_path / "exp", uri=uri, write_interval=0.05)
-    run_id = second.ensure_run("run-0", {}, {})
+    second.ensure_run("run-0", {}, {})
+    run_id = second.run_id("run-0")
     second.log_metrics("run-0", [("loss", float(s), s, 0) for s in range(1, 17)])
     second.flush()
     second.close()

@@ -4,6 +4,10 @@ a poll of the control tags reads the runs that carry an op (not every run with i
 config). Before, both read all N runs: registering 200 runs took 0.47 s a run and one poll
 (every second, while training) 1.2 s (benchmarks/tracking_scale.py measures it).
 
+Runs are registered in batches on the tracking thread: a batch reads the whole experiment in
+one search only when the experiment holds about as many runs as the batch (a new experiment, a
+re-run registering everything), else it looks each run up by its name.
+
 The store is real (sqlite); the client's ``search_runs`` is only watched: each call's filter
 and how many runs it returned are recorded, then the real answer goes back."""
 
@@ -29,17 +33,37 @@ def _watched(tracker: Tracker) -> list[tuple[str, int]]:
     return calls
 
 
+def _register(tracker: Tracker, names: list[str]) -> None:
+    """Register ``names`` as one batch: the tracking thread's jobs wait while they are queued
+    (as while the engine switches runs), then all are made."""
+    tracker.active.clear()
+    for name in names:
+        tracker.ensure_run(name, {"learning_rate": name}, {})
+    tracker.active.set()
+    tracker.flush()
+
+
 def test_registering_and_polling_read_the_runs_they_need_only(tmp_path):
     tracker = Tracker(tmp_path / "exp", uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    names = [f"run-{i}" for i in range(12)]
     try:
+        tracker.polling.clear()  # only the polls asked for below
         calls = _watched(tracker)
-        for i in range(12):
-            tracker.ensure_run(f"run-{i}", {"learning_rate": i}, {})
-        # Each registration's search found at most the run itself (none: it is new).
-        assert len(calls) == 12 and all(found == 0 for _, found in calls), calls
-        again = [tracker.ensure_run(f"run-{i}", {"learning_rate": i}, {}) for i in range(12)]
-        assert again == [tracker.run_id(f"run-{i}") for i in range(12)]  # found, by name
-        assert all(found == 1 for _, found in calls[12:]), calls[12:]
+        # A batch on an experiment that holds about as many runs: one search finds them all
+        # (here none: all are created).
+        _register(tracker, names)
+        assert calls == [(calls[0][0], 0)] and "rapidfire.run" not in calls[0][0], calls
+        ids = [tracker.run_id(name) for name in names]
+        calls.clear()
+        _register(tracker, names)  # registered again: one search finds all 12
+        assert [found for _, found in calls] == [12], calls
+        assert [tracker.run_id(name) for name in names] == ids
+        # One more run, when the experiment holds many: looked up by its name, not by reading
+        # every run of the experiment (which made registering N runs cost O(N^2)).
+        calls.clear()
+        _register(tracker, ["run-12"])
+        assert len(calls) == 1 and "`rapidfire.run` = 'run-12'" in calls[0][0], calls
+        assert calls[0][1] == 0
 
         tracker.client.set_tag(tracker.run_id("run-7"), OP_TAG, "stop")
         calls.clear()
@@ -48,6 +72,17 @@ def test_registering_and_polling_read_the_runs_they_need_only(tmp_path):
         assert [found for _, found in calls] == [1] and "IS NOT NULL" in calls[0][0]
     finally:
         tracker.close()
+
+    # A re-run registering its runs at once finds them with one search, ids unchanged.
+    again = Tracker(tmp_path / "exp", uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        again.polling.clear()
+        calls = _watched(again)
+        _register(again, names)
+        assert [found for _, found in calls] == [13], calls  # capped at 2 x 12 + 1: all
+        assert [again.run_id(name) for name in names] == ids
+    finally:
+        again.close()
 
 
 def test_a_store_that_cannot_filter_on_a_tags_presence_is_read_whole(tmp_path):

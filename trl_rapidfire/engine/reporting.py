@@ -59,7 +59,8 @@ class Reporter:
         self._leader = False  # this worker speaks for the experiment (its parent run)
 
     def ensure_run(self, name: str, params: dict, tags: dict[str, str]) -> None:
-        """The run's MLflow run exists, with ``params`` and (if new) ``tags``."""
+        """The run's MLflow run is queued: found or created, with ``params`` and (if new)
+        ``tags``, by the tracker's thread while runs train (never waited for here)."""
         if self.tracker is not None:
             self.tracker.ensure_run(name, params, {"rapidfire.status": "pending", **tags})
 

@@ -56,6 +56,10 @@ class BackgroundThread:
                                                 daemon=True)
                 self._thread.start()
 
+    def is_current(self) -> bool:
+        """Whether the caller runs on this thread (a job: it must not wait for a later one)."""
+        return threading.current_thread() is self._thread
+
     def put(self, job: Job) -> None:
         """Queue ``job`` (after the jobs queued before it)."""
         self.start()

@@ -35,22 +35,26 @@ class OpChannel:
     """The ops set on the experiment's runs, as of the latest poll, and their answers.
 
     Args:
-        client: the MLflow client.
-        parent_run_id: the experiment's parent run (an op set there is answered with an
-            error: no op applies to it).
         note_error: where an error that leaves an op tag in place is reported.
+
+    The MLflow client and the experiment's parent run (an op set there is answered with an
+    error: no op applies to it) are given by :meth:`bind` once the tracking thread has opened
+    the store; until then nothing is polled or answered, and no op is pending.
     """
 
-    def __init__(self, client: Any, parent_run_id: str,
-                 note_error: Callable[[str], None]) -> None:
-        self._client = client
-        self._parent_run_id = parent_run_id
+    def __init__(self, note_error: Callable[[str], None]) -> None:
+        self._client: Any = None
+        self._parent_run_id = ""
         self._note_error = note_error
         self._lock = threading.Lock()
         self._ops: dict[str, str] = {}
         self._seen: dict[str, str] = {}  # run name -> MLflow run id, of every polled child run
         self._consumed: dict[str, _Consumed] = {}
         self._clock = itertools.count(1)  # orders polls and deletes (next() is atomic)
+
+    def bind(self, client: Any, parent_run_id: str) -> None:
+        """The store is open: its client, and the experiment's parent run."""
+        self._client, self._parent_run_id = client, parent_run_id
 
     def pending(self) -> dict[str, str]:
         """Run name -> the op text set on it and not yet consumed (latest poll)."""

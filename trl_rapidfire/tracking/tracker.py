@@ -1,41 +1,49 @@
 """MLflow tracking: one parent run per experiment, one child run per RF run, and run tags as the
 control channel.
 
-Everything that talks to MLflow runs on one background thread, never on the training path: the
-engine *enqueues* (a chunk's metric points after the chunk ends, tag updates, run ends) and
-reads the latest polled control tags from memory. The thread writes what is queued every two
-seconds in as few calls as it can and, about once a second, polls the control tags of the
-whole experiment with a single query.
+Everything that talks to MLflow runs on one background thread, never on the training path:
+constructing the tracker and registering runs only queue work (issue 46: at 64 configs, opening
+the store and creating the runs took ~5 s before the first chunk could start), and the engine
+*enqueues* (a chunk's metric points after the chunk ends, tag updates, run ends) and reads the
+latest polled control tags from memory. The thread's first job opens MLflow (:mod:`.link`:
+import, schema, experiment, parent run); then it creates the registered runs in batches, in the
+order registered (:mod:`.registration`), writes what is queued every two seconds in as few
+calls as it can and, about once a second, polls the control tags of the whole experiment with a
+single query. A run's points, tags and end wait in memory until its MLflow run exists.
 
 Where: ``MLFLOW_TRACKING_URI`` if set, else a sqlite store ``mlflow.db`` in the working
-directory (MLflow's own default, made explicit). Which experiment: ``MLFLOW_EXPERIMENT_NAME``
-if set, else the base name of ``output_dir``. Runs are found by the tag
-``rapidfire.experiment`` (an id kept in ``<output_dir>/.rapidfire/experiment.json``) plus the
-run name, so two output folders with the same base name never mix, and a re-run of the same
-script on the same folder continues the same MLflow runs.
+directory (MLflow's own default, made explicit); a URI MLflow would refuse is refused at
+construction (:mod:`.store_uri`). Which experiment: ``MLFLOW_EXPERIMENT_NAME`` if set, else
+the base name of ``output_dir``. Runs are found by the tag ``rapidfire.experiment`` (an id kept
+in ``<output_dir>/.rapidfire/experiment.json``) plus the run name, so two output folders with
+the same base name never mix, and a re-run of the same script on the same folder continues the
+same MLflow runs.
 
 The tracker is the face the engine sees; the parts are :mod:`.background` (the thread),
+:mod:`.link` (the store opened), :mod:`.registration` (runs found or created),
 :mod:`.op_channel` (ops set as run tags, and their answers) and :mod:`.mlflow_store` (a store
 left half-created by a crash, repaired).
 """
 
 from __future__ import annotations
 
-import json
+import atexit
 import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..storage.names import is_run_name
 from .background import BackgroundThread, Periodic
-from .mlflow_store import TrackingStoreError, ensure_schema
+from .link import Connection, Link, open_connection
+from .mlflow_store import TrackingStoreError
 from .op_channel import OpChannel
+from .registration import Registrar, RunHandle
+from .store_uri import check_mlflow_installed, check_tracking_uri
 from .tags import (
     EXPERIMENT_TAG,
     HEARTBEAT_INTERVAL,
@@ -53,11 +61,15 @@ from .tags import (
 
 # The tag names stay importable from here (tracking_tags.py holds them for readers).
 __all__ = [
+    "EXPERIMENT_TAG",
     "OP_RESULT_TAG",
     "OP_SEQ_TAG",
     "OP_TAG",
     "HEARTBEAT_STALE",
     "HEARTBEAT_TAG",
+    "ROLE_TAG",
+    "RUN_TAG",
+    "STATUS_TAG",
     "Tracker",
     "TrackingStoreError",
     "experiment_id_for",
@@ -68,20 +80,10 @@ _MLFLOW_STATUS = {"completed": "FINISHED", "failed": "FAILED", "stopped": "KILLE
                   "deleted": "KILLED"}
 # How a train() call ended -> the parent run's MLflow status.
 _EXPERIMENT_STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
-_PARAM_VALUE_MAX = 6000
-
-
-def _param_value(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=repr, sort_keys=True)
-    return text if len(text) <= _PARAM_VALUE_MAX else text[: _PARAM_VALUE_MAX - 3] + "..."
-
-
-@dataclass
-class _RunHandle:
-    run_id: str
-    # metric key -> steps already in the store. A set, not the last step: after a crash, a
-    # re-run logs the points that never reached MLflow while later steps may already be there.
-    steps: dict[str, set[int]]
+Point = tuple[str, float, int, int]  # (key, value, step, timestamp in ms)
+# At interpreter exit, how long a tracker may still take to open the store and create the runs
+# it was given (a script that never trains must not leave a half-made schema behind).
+_EXIT_WAIT = 30.0
 
 
 class Tracker:
@@ -93,6 +95,10 @@ class Tracker:
         experiment_name: default ``MLFLOW_EXPERIMENT_NAME`` or the base name of ``output_dir``.
         poll_interval: seconds between two polls of the control tags.
         write_interval: seconds between two writes of queued points and tags.
+
+    Raises:
+        RFConfigError: MLflow is not installed, or it would refuse ``uri`` (checked without
+            importing it: the store itself is opened on the tracking thread).
     """
 
     def __init__(
@@ -104,9 +110,9 @@ class Tracker:
         poll_interval: float = 1.0,
         write_interval: float = 2.0,
     ) -> None:
-        from mlflow import MlflowClient
-
         self.uri = uri or resolve_tracking_uri()
+        check_mlflow_installed()
+        check_tracking_uri(self.uri)
         self.experiment_name = (
             experiment_name
             or os.environ.get("MLFLOW_EXPERIMENT_NAME")
@@ -123,23 +129,13 @@ class Tracker:
             self.rf_experiment = experiment_id_for(output_dir)
         self.poll_interval = poll_interval
         self.write_interval = write_interval
-        self._pending_points: dict[str, list[tuple[str, float, int, int]]] = {}
+        self._lock = threading.Lock()  # the queued points, tags and ends
+        self._pending_points: dict[str, list[Point]] = {}
         self._pending_tags: dict[str, dict[str, str]] = {}
-        ensure_schema(self.uri)
-        self.client = MlflowClient(self.uri)
-        with self._setup_lock:
-            exp = self.client.get_experiment_by_name(self.experiment_name)
-            self.experiment_id = (
-                exp.experiment_id if exp is not None
-                else self.client.create_experiment(self.experiment_name)
-            )
-        self._runs: dict[str, _RunHandle] = {}
-        self._lock = threading.Lock()  # the runs and the queued points and tags
+        self._pending_ends: dict[str, str] = {}
         self.polling = threading.Event()  # set while an experiment trains
         self._beating = False  # between experiment_started() and experiment_ended()
         self.polling.set()
-        with self._setup_lock:
-            self.parent_run_id = self._find_or_create("", role="experiment")
         # Writes queued points and tags every write_interval s, polls the control tags every
         # poll_interval s while polling is set, beats while an experiment trains.
         self._thread = BackgroundThread("rapidfire-tracking", [
@@ -149,69 +145,91 @@ class Tracker:
         ])
         # Cleared while the engine switches runs (see BackgroundThread).
         self.active = self._thread.active
-        self.ops = OpChannel(self.client, self.parent_run_id, self._thread.note_error)
+        self.ops = OpChannel(self._thread.note_error)
         self._filter_ops = True  # the store filters the runs that carry an op (see _poll)
-        self._thread.start()
+        self._link = Link(self._open, self._thread.note_error,
+                          retry_after=max(write_interval, 1.0))
+        self._runs = Registrar(self._link, self._thread, self._setup_lock,
+                               self._thread.note_error)
+        _LIVE.add(self)
+        # The thread starts with the first thing asked of it (a registration, a flush, a
+        # train() call) and opens the store first. Not now: in a training process the first
+        # run is built next, importing modules MLflow imports too (IPython: transformers'
+        # notebook callback on this side, MLflow's REST client on the thread's), and one thread
+        # importing a submodule while another finishes its package can fail in CPython's import
+        # machinery (seen: the first run's build failed with ``KeyError: 'IPython'`` 1 time in
+        # 5 against a server; 0 in 8 once the thread started at the first registration).
+
+    def _open(self) -> Connection:
+        conn = open_connection(self.uri, self.experiment_name, self.rf_experiment,
+                               self._setup_lock)
+        self.ops.bind(conn.client, conn.parent_run_id)
+        return conn
+
+    # ------------------------------------------------------------------ the store, once open
+
+    def _connection(self, timeout: float = 60.0) -> Connection:
+        """The open store, waited for (or asked for) off the tracking thread."""
+        conn = self._link.connection
+        if conn is None:
+            if self._thread.is_current():
+                conn = self._link.get()
+            else:
+                self._thread.run_and_wait(self._link.attempt, timeout)
+                conn = self._link.connection
+        if conn is None:
+            raise self._link.error()
+        return conn
+
+    @property
+    def client(self) -> Any:
+        """The ``MlflowClient`` (waits until the tracking thread has opened the store)."""
+        return self._connection().client
+
+    @property
+    def experiment_id(self) -> str:
+        """The MLflow experiment's id (waits until the store is open)."""
+        return self._connection().experiment_id
+
+    @property
+    def parent_run_id(self) -> str:
+        """The experiment's parent run (waits until the store is open)."""
+        return self._connection().parent_run_id
 
     # ------------------------------------------------------------------ runs
 
-    def _search(self, extra: str = "") -> list[Any]:
-        flt = f"tags.`{EXPERIMENT_TAG}` = '{self.rf_experiment}'" + extra
-        return self.client.search_runs([self.experiment_id], filter_string=flt, max_results=5000)
+    def ensure_run(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> None:
+        """Queue RF run ``name``'s MLflow run: found (a re-run) or created with ``params`` and
+        ``tags`` by the tracking thread, in the order registered. Returns at once; points,
+        tags and the end queued for the run meanwhile wait for it. Params are logged once
+        (MLflow forbids changing them); on a re-run only the missing ones are added."""
+        self._runs.add(name, params, tags)
 
-    def _find_or_create(self, name: str, *, role: str, tags: Mapping[str, str] | None = None
-                        ) -> str:
-        # Searched by the run's own name (the store matches it): a search for every run of the
-        # experiment, filtered here, made registering N runs cost O(N^2) (1.5 s a run at 500).
-        # Only our run-<n> names go into the filter; any other is matched here.
-        by_name = f" and tags.`{RUN_TAG}` = '{name}'" if is_run_name(name) else ""
-        found = self._search(f" and tags.`{ROLE_TAG}` = '{role}'{by_name}")
-        for run in found:
-            if run.data.tags.get(RUN_TAG, "") == name:
-                return run.info.run_id
-        all_tags = {EXPERIMENT_TAG: self.rf_experiment, ROLE_TAG: role, RUN_TAG: name}
-        if role == "run":
-            all_tags["mlflow.parentRunId"] = self.parent_run_id
-        all_tags.update(tags or {})
-        return self.client.create_run(
-            self.experiment_id, tags=all_tags,
-            run_name=name or f"{self.experiment_name} ({self.rf_experiment[:8]})").info.run_id
+    def run_id(self, name: str, timeout: float = 60.0) -> str:
+        """The MLflow run id of RF run ``name``, its creation waited for (or done now).
 
-    def ensure_run(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
-        """The MLflow run of RF run ``name``: found (a re-run) or created with ``params``.
-
-        Called while setting up, before training: synchronous. Params are logged once (MLflow
-        forbids changing them); on a re-run only the missing ones are added.
+        Raises:
+            KeyError: ``name`` was never registered.
+            TrackingStoreError: its MLflow run could not be made (the reason).
         """
-        from mlflow.entities import Param
-
-        # All of it under the setup lock: the workers of a launch set up the same runs at the
-        # same time, and a tracking server refuses a param logged twice (a sqlite store
-        # opened directly let the second, equal value pass).
-        with self._setup_lock:
-            run_id = self._find_or_create(name, role="run", tags=tags)
-            run = self.client.get_run(run_id)
-            have = run.data.params
-            new = [Param(k[:250], _param_value(v)) for k, v in params.items()
-                   if k[:250] not in have]
-            for i in range(0, len(new), 100):
-                self.client.log_batch(run_id, params=new[i:i + 100])
-            # A found run's status is the engine's to change: a re-build of the same trainer
-            # (or a slow worker of a launch) must not turn a completed run back to pending.
-            if STATUS_TAG not in run.data.tags:
-                self.client.set_tag(run_id, STATUS_TAG, tags.get(STATUS_TAG, "pending"))
-        steps = {key: {m.step for m in self.client.get_metric_history(run_id, key)}
-                 for key in run.data.metrics}
-        with self._lock:
-            self._runs[name] = _RunHandle(run_id, steps)
-        return run_id
-
-    def run_id(self, name: str) -> str:
-        return self._runs[name].run_id
+        if not self._runs.known(name):
+            raise KeyError(name)
+        if self._runs.handle(name) is None:
+            if self._thread.is_current():
+                self._runs.register_all()
+            else:
+                self._thread.run_and_wait(self._runs.register_all, timeout)
+        handle = self._runs.handle(name)
+        if handle is None:
+            if self._link.connection is None:
+                raise self._link.error()
+            raise TrackingStoreError(f"the MLflow run of {name} was not made in time; the "
+                                     f"last refusal: {self._runs.last_refusal or 'none'}")
+        return handle.run_id
 
     # ------------------------------------------------------------------ queued writes
 
-    def log_metrics(self, name: str, points: list[tuple[str, float, int, int]]) -> None:
+    def log_metrics(self, name: str, points: list[Point]) -> None:
         """Queue ``(key, value, step, timestamp_ms)`` points of run ``name``.
 
         Points and tags go out together every ``write_interval`` seconds (or at :meth:`flush`):
@@ -222,10 +240,65 @@ class Tracker:
             with self._lock:
                 self._pending_points.setdefault(name, []).extend(points)
 
-    def _new_metrics(self, name: str, points: list[tuple[str, float, int, int]]) -> list[Any]:
-        from mlflow.entities import Metric
+    def set_tags(self, name: str, tags: Mapping[str, str]) -> None:
+        """Queue tag updates of run ``name``; the latest value of each tag is written with the
+        next batch."""
+        with self._lock:
+            self._pending_tags.setdefault(name, {}).update(tags)
 
-        handle = self._runs[name]
+    def end_run(self, name: str, status: str) -> None:
+        """Queue the end of run ``name`` with the MLflow status matching RF ``status`` (after
+        its last points and tags)."""
+        mlflow_status = _MLFLOW_STATUS.get(status)
+        if mlflow_status is not None:
+            with self._lock:
+                self._pending_ends[name] = mlflow_status
+            self._thread.put(self._write_pending)
+
+    def _hold(self, names: list[str], points: dict[str, list[Point]],
+              tags: dict[str, dict[str, str]], ends: dict[str, str]) -> None:
+        """Put the writes of ``names`` back in front of what was queued since (under _lock)."""
+        for name in names:
+            if name in points:
+                self._pending_points[name] = points[name] + self._pending_points.get(name, [])
+            if name in tags:
+                self._pending_tags[name] = {**tags[name], **self._pending_tags.get(name, {})}
+            if name in ends:
+                self._pending_ends.setdefault(name, ends[name])
+
+    def _write_pending(self) -> None:
+        with self._lock:
+            points, self._pending_points = self._pending_points, {}
+            tags, self._pending_tags = self._pending_tags, {}
+            ends, self._pending_ends = self._pending_ends, {}
+            names = list({**points, **tags, **ends})
+            # A run whose MLflow run is not made yet keeps its writes, in order, for later.
+            # (Only this thread makes runs: none is made between this test and the hold.)
+            held = [n for n in names if self._runs.waiting(n)]
+            self._hold(held, points, tags, ends)
+        self._runs.retry()  # a registration that failed is tried again
+        ready = [n for n in names if n not in held]
+        if not ready:
+            return
+        conn = self._link.get()
+        if conn is None:
+            with self._lock:
+                self._hold(ready, points, tags, ends)
+            return
+        for name in ready:
+            # One job per run: a run MLflow refuses does not keep the others' points out.
+            self._thread.run_guarded(partial(self._write_run, conn, name,
+                                             points.get(name, []), tags.get(name, {})))
+            if name in ends:
+                self._thread.run_guarded(partial(self._end, conn, name, ends[name]))
+
+    def _write_run(self, conn: Connection, name: str, points: list[Point],
+                   tags: Mapping[str, str]) -> None:
+        # One call per run and write: its new points and its tags together.
+        from mlflow.entities import Metric, RunTag
+
+        handle = self._handle(name)
+        run_tags = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
         metrics = []
         for key, value, step, ts in points:
             seen = handle.steps.setdefault(key, set())
@@ -233,47 +306,25 @@ class Tracker:
                 continue
             seen.add(step)
             metrics.append(Metric(key, float(value), ts, step))
-        return metrics
-
-    def set_tags(self, name: str, tags: Mapping[str, str]) -> None:
-        """Queue tag updates of run ``name``; the latest value of each tag is written with the
-        next batch."""
-        with self._lock:
-            self._pending_tags.setdefault(name, {}).update(tags)
-
-    def _write_pending(self) -> None:
-        with self._lock:
-            points, self._pending_points = self._pending_points, {}
-            tags, self._pending_tags = self._pending_tags, {}
-        for name in {**points, **tags}:
-            # One job per run: a run MLflow refuses does not keep the others' points out.
-            self._thread.run_guarded(partial(self._write_run, name, points.get(name, []),
-                                             tags.get(name, {})))
-
-    def _write_run(self, name: str, points: list[tuple[str, float, int, int]],
-                   tags: Mapping[str, str]) -> None:
-        # One call per run and write: its new points and its tags together.
-        from mlflow.entities import RunTag
-
-        run_tags = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
-        metrics = self._new_metrics(name, points)
-        handle = self._runs[name]
         for i in range(0, max(len(metrics), 1), 1000):
             batch = metrics[i:i + 1000]
             if batch or run_tags:
-                self.client.log_batch(handle.run_id, metrics=batch, tags=run_tags)
+                conn.client.log_batch(handle.run_id, metrics=batch, tags=run_tags)
             run_tags = []
 
-    def end_run(self, name: str, status: str) -> None:
-        """Queue the end of run ``name`` with the MLflow status matching RF ``status`` (after
-        its last points and tags)."""
-        mlflow_status = _MLFLOW_STATUS.get(status)
-        if mlflow_status is not None:
-            def job() -> None:
-                self._write_pending()
-                self.client.set_terminated(self._runs[name].run_id, mlflow_status)
+    def _end(self, conn: Connection, name: str, status: str) -> None:
+        conn.client.set_terminated(self._handle(name).run_id, status)
 
-            self._thread.put(job)
+    def _handle(self, name: str) -> RunHandle:
+        handle = self._runs.handle(name)
+        if handle is None:  # a name never registered: noted (KeyError), as before
+            raise KeyError(name)
+        return handle
+
+    def _drain(self) -> None:
+        """Every registered run made, then every queued write done (on the thread)."""
+        self._runs.register_all()
+        self._write_pending()
 
     # ------------------------------------------------------------------ the experiment
 
@@ -281,8 +332,10 @@ class Tracker:
         """A ``train()`` call begins: the parent run is (again) running, with a heartbeat
         from now on, so a re-run reopens what the last call ended."""
         def job() -> None:
-            self.client.update_run(self.parent_run_id, status="RUNNING")
-            self._beat()
+            conn = self._link.get()
+            if conn is not None:
+                conn.client.update_run(conn.parent_run_id, status="RUNNING")
+                self._beat()
 
         self._beating = True
         self._thread.put(job)
@@ -291,16 +344,18 @@ class Tracker:
         """A ``train()`` call ended (``finished``, ``failed`` or ``killed``): the parent run
         ends with that status, after what is queued before it."""
         self._beating = False
-        status = _EXPERIMENT_STATUS[outcome]
+        self._thread.put(partial(self._end_parent, _EXPERIMENT_STATUS[outcome]))
 
-        def job() -> None:
-            self._write_pending()
-            self.client.set_terminated(self.parent_run_id, status)
-
-        self._thread.put(job)
+    def _end_parent(self, status: str) -> None:
+        self._drain()
+        conn = self._link.get()
+        if conn is not None:
+            conn.client.set_terminated(conn.parent_run_id, status)
 
     def _beat(self) -> None:
-        self.client.set_tag(self.parent_run_id, HEARTBEAT_TAG, str(int(time.time())))
+        conn = self._link.get()
+        if conn is not None:
+            conn.client.set_tag(conn.parent_run_id, HEARTBEAT_TAG, str(int(time.time())))
 
     # ------------------------------------------------------------------ control tags
 
@@ -311,23 +366,34 @@ class Tracker:
     def consume_op(self, name: str, op: str, result: str) -> None:
         """The engine applied (or rejected) ``op``: remove the tag, then write the result."""
         # A run this process never set up (e.g. a name no run has) is answered too.
-        run_id = self._runs[name].run_id if name in self._runs else self.ops.seen_run_id(name)
-        if run_id is None:
+        if not self._runs.known(name) and self.ops.seen_run_id(name) is None:
             return
         self.ops.consumed(name, op)
         with self._lock:
             # An older result queued for this run (a policy's) must not land after this answer.
             self._pending_tags.get(name, {}).pop(OP_RESULT_TAG, None)
-        self._thread.put(partial(self.ops.answer, name, run_id, op, result))
+        self._thread.put(partial(self._answer, name, op, result))
+
+    def _answer(self, name: str, op: str, result: str) -> None:
+        with self._lock:  # an older result held back since consume_op (its run not made yet)
+            self._pending_tags.get(name, {}).pop(OP_RESULT_TAG, None)
+        if self._runs.waiting(name):
+            self._runs.register_all()  # its MLflow run first: the answer goes on it
+        handle = self._runs.handle(name)
+        run_id = handle.run_id if handle is not None else self.ops.seen_run_id(name)
+        if run_id is not None:
+            self.ops.answer(name, run_id, op, result)
 
     def poll_now(self) -> None:
         """Poll the control tags synchronously (tests; the thread polls on its own)."""
         self._thread.run_and_wait(self._poll, timeout=30)
 
     def _poll(self) -> None:
-        self.ops.poll(self._runs_with_ops, self._run_names)
+        conn = self._link.get()
+        if conn is not None:  # before the store is open, no op can have been set
+            self.ops.poll(partial(self._runs_with_ops, conn), self._runs.names)
 
-    def _runs_with_ops(self) -> list[Any]:
+    def _runs_with_ops(self, conn: Connection) -> list[Any]:
         """The experiment's runs that carry an op tag now: the store filters them, so a poll
         (every second, while training) reads the few runs a person steers, not all N runs with
         their whole configs (at 500 runs that search alone took seconds). A server too old
@@ -337,16 +403,12 @@ class Tracker:
 
         if self._filter_ops:
             try:
-                return self._search(f" and tags.`{OP_TAG}` IS NOT NULL")
+                return list(conn.search(f" and tags.`{OP_TAG}` IS NOT NULL"))
             except MlflowException as err:
                 if err.error_code != "INVALID_PARAMETER_VALUE":
                     raise
                 self._filter_ops = False
-        return self._search()
-
-    def _run_names(self) -> list[str]:
-        with self._lock:
-            return list(self._runs)
+        return list(conn.search())
 
     # ------------------------------------------------------------------ the thread
 
@@ -367,13 +429,32 @@ class Tracker:
         return self._thread.errors
 
     def flush(self, timeout: float = 60.0) -> None:
-        """Wait until every queued write is done."""
-        self._thread.run_and_wait(self._write_pending, timeout=timeout)
+        """Wait until every registered run is in MLflow and every queued write is done."""
+        self._thread.run_and_wait(self._drain, timeout=timeout)
 
     def close(self, parent_status: str | None = "FINISHED") -> None:
         """Flush, end the parent run, stop the thread."""
         if parent_status is not None:
-            self._thread.put(partial(self.client.set_terminated, self.parent_run_id,
-                                     parent_status))
+            self._thread.put(partial(self._end_parent, parent_status))
         self.flush()
         self.suspend()
+
+    def _settle_at_exit(self) -> None:
+        """The store opened and the registered runs made, if that is still under way."""
+        if self._runs.pending or (self._link.started and not self._link.tried):
+            self._thread.run_and_wait(self._register_all_opened, timeout=_EXIT_WAIT)
+
+    def _register_all_opened(self) -> None:
+        if self._link.get() is not None:
+            self._runs.register_all()
+
+
+# Trackers whose thread may still be opening the store or creating runs when the interpreter
+# exits (their thread is a daemon: cut short, it could leave a half-made schema).
+_LIVE: weakref.WeakSet[Tracker] = weakref.WeakSet()
+
+
+@atexit.register
+def _settle_at_exit() -> None:
+    for tracker in list(_LIVE):
+        tracker._settle_at_exit()  # noqa: SLF001 - the module's own exit hook

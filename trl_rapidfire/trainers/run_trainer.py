@@ -59,7 +59,8 @@ class RunTrainerMixin(_TrainerBase):
         self._rf_adapter_keys: list[tuple[str, torch.nn.Parameter]] | bool | None = None
         self.rf_owner = rf_owner
         model = kwargs.get("model", args[0] if args else None)
-        with _as_if_trl_made_the_adapter(model, rf_adapter):
+        config = kwargs.get("args", args[1] if len(args) > 1 else None)
+        with _as_if_trl_made_the_adapter(model, rf_adapter), _without_mlflow_callback(config):
             # The TRL trainer's own __init__: the user's subclass (its __init__ included) is
             # the experiment's, and it ran once, with the arguments the user gave.
             # (On purpose the TRL class's own __init__, not this instance's class's.)
@@ -337,6 +338,31 @@ def _fsdp_sharded_state_dict(trainer: Any) -> bool:
         return False
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
     return plugin is not None and "FULL_STATE_DICT" not in str(plugin.state_dict_type)
+
+
+@contextlib.contextmanager
+def _without_mlflow_callback(config: Any) -> Iterator[None]:
+    """``config.report_to`` without MLflow while the Trainer builds its callbacks.
+
+    The engine tracks every run to MLflow itself (each run's ``MLflowCallback`` was removed
+    right after it was made), and making one imports mlflow: about a second on the path to
+    the first chunk, which the tracker pays on its own thread instead. The config is given
+    back as it was."""
+    report_to = getattr(config, "report_to", None)
+    listed = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    if "all" in listed:
+        from transformers.integrations import get_available_reporting_integrations
+
+        listed = [name for name in listed if name != "all"]
+        listed += get_available_reporting_integrations()
+    if "mlflow" not in listed:
+        yield
+        return
+    config.report_to = [name for name in dict.fromkeys(listed) if name != "mlflow"]
+    try:
+        yield
+    finally:
+        config.report_to = report_to
 
 
 @contextlib.contextmanager
