@@ -26,12 +26,25 @@ def _load():
 
 @pytest.fixture
 def bench(monkeypatch):
-    """The benchmark module, run offline; torch's thread count put back afterwards (the
-    benchmark sets it to --threads)."""
+    """The benchmark module, run offline; what it sets for the whole process put back
+    afterwards: torch's thread count (--threads), transformers' verbosity (at error,
+    TrainingArguments' disable_tqdm defaults to True: later tests' experiments would show no
+    progress) and the progress bars of transformers and datasets."""
+    import datasets
+    import transformers
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     threads = torch.get_num_threads()
+    verbosity = transformers.utils.logging.get_verbosity()
+    bars = (transformers.utils.logging.is_progress_bar_enabled(),
+            datasets.is_progress_bar_enabled())
     yield _load()
     torch.set_num_threads(threads)
+    transformers.utils.logging.set_verbosity(verbosity)
+    if bars[0]:
+        transformers.utils.logging.enable_progress_bar()
+    if bars[1]:
+        datasets.enable_progress_bars()
 
 
 def test_work_counting_and_the_learning_rate_grid():

@@ -36,7 +36,9 @@ def _same(fast: dict[str, torch.Tensor], peft: dict[str, torch.Tensor]) -> None:
 def test_adapter_weights_read_from_its_parameters_equal_peft_state_dict_at_every_boundary():
     group = _group()
     model = group.model
-    holders = {name: SimpleNamespace(model=model, _rf_adapter=name, _rf_adapter_keys=None)
+    # As the run builder makes them: PEFT is shown the attached adapters' configs only.
+    holders = {name: SimpleNamespace(model=model, _rf_adapter=name, _rf_adapter_keys=None,
+                                     _rf_attached=lambda: group.attached)
                for name in (adapter_name(i) for i in range(len(LORAS)))}
     generator = torch.Generator().manual_seed(0)
     # Turns as the engine takes them: activate, "train" (change the adapter in place), park
@@ -75,7 +77,8 @@ def test_anything_but_whole_parameters_keeps_peft_walk():
     assert _params_behind(model, {**weights, key: weights[key][:1]}) == []  # a slice
     twice = {**weights, "twice": weights[key]}
     assert _params_behind(model, twice) == []  # one parameter under two keys
-    holder = SimpleNamespace(model=model, _rf_adapter="rf0", _rf_adapter_keys=None)
+    holder = SimpleNamespace(model=model, _rf_adapter="rf0", _rf_adapter_keys=None,
+                             _rf_attached=None)
     assert RunTrainerMixin._rf_adapter_state_dict(holder).keys() == weights.keys()
 
 
@@ -86,7 +89,7 @@ def test_an_adapter_saved_alone_matches_peft_with_every_adapter_known(tmp_path):
     attached: the filter must still leave rf10's keys out of rf1's file."""
     from safetensors.torch import load_file
 
-    from trl_rapidfire.trainers.run_trainer import save_adapter_alone
+    from trl_rapidfire.trainers.adapter_files import save_adapter_alone
 
     group = ModelPool().group(build_model(build_tokenizer()), peft_config=LORAS[0],
                               model_init_kwargs=None)

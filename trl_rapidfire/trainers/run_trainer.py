@@ -8,18 +8,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-import os
 import shutil
-import tempfile
 from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.data import SequentialSampler
 from transformers import PrinterCallback, ProgressCallback
 from transformers.integrations import MLflowCallback
 
 from ..storage.checkpoints import commit_folder, start_folder
+from .adapter_files import attached_configs_only, save_adapter_alone
 from .generation_eval import GenerationEval
 
 __all__ = ["RunTrainerMixin", "copy_callback", "copy_callbacks"]
@@ -85,21 +85,22 @@ class RunTrainerMixin(_TrainerBase):
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
-        """The Trainer's eval dataloader, made once per eval set and reused at every
-        evaluation (the Trainer itself reuses it with persistent workers).
+        """The Trainer's eval dataloader, made once per eval set whose rows come in order and
+        reused at every evaluation (as the Trainer does with persistent workers).
 
-        A run is evaluated at many chunk ends, and each new dataloader re-derived the eval
-        set without its unused columns (a new ``datasets`` fingerprint and table), prepared a
-        new loader with accelerate (which keeps every one it prepared) and wrapped the model
-        again: about half of an evaluation of 32 rows on the tiny model. Iterating a kept
-        loader yields the same batches in the same order; the random draw a new iterator
-        makes is undone after every chunk-end evaluation, as before."""
+        Each new one re-derived the eval set without its unused columns, was kept by
+        accelerate and wrapped the model again: half of an evaluation of 32 rows on the tiny
+        model. A kept loader yields the same batches in the same order (a sampler that draws,
+        GRPO's, gets a new loader each time, as in TRL); the random draw of a new iterator is
+        undone after every chunk-end evaluation, as before."""
         own = eval_dataset is None or eval_dataset is self.eval_dataset
         if not own and not isinstance(eval_dataset, str):
             return super().get_eval_dataloader(eval_dataset)  # a set given to this call
-        # Made anew when what it is made of changed (a script set trainer.eval_dataset, or
-        # the eval batch size).
         name = "eval" if own else eval_dataset
+        rows = self.eval_dataset if own else self.eval_dataset[name]
+        if not isinstance(self._get_eval_sampler(rows), SequentialSampler):
+            return super().get_eval_dataloader(eval_dataset)
+        # Made anew when what it is made of changed (trainer.eval_dataset, the batch size).
         loaders = self.__dict__.setdefault("_rf_eval_loaders", {})
         kept = loaders.get(name)
         if kept is None or kept[0] is not self.eval_dataset \
@@ -454,47 +455,3 @@ def _torch_bytes(obj: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()
-
-
-def save_adapter_alone(save_all: Callable[..., None], model: Any, adapter: str,
-                       attached: Collection[str] | None, save_directory: Path,
-                       **kwargs: Any) -> None:
-    """Write ``adapter`` alone with PEFT's ``save_all`` (the model's own ``save_pretrained``)
-    at ``save_directory``'s root, where a single-adapter model keeps its files.
-
-    ``attached``: the adapters in the model's module tree now (``None``: every adapter): PEFT
-    is shown just their configs while it saves (:func:`attached_configs_only`; 9.5 ms a save
-    at 512 runs against 2.5 ms at 8 without).
-    """
-    kwargs["selected_adapters"] = [adapter]
-    save_directory.mkdir(parents=True, exist_ok=True)
-    with attached_configs_only(model, adapter, attached):
-        # PEFT writes a non-"default" adapter into a subfolder named after it: written
-        # beside, its files are moved to the root.
-        with tempfile.TemporaryDirectory(dir=save_directory, prefix=".rf-save-") as tmp:
-            save_all(tmp, **kwargs)
-            for folder in (Path(tmp) / adapter, Path(tmp)):
-                if folder.is_dir():
-                    for f in folder.iterdir():
-                        if f.is_file():
-                            os.replace(f, save_directory / f.name)
-
-
-@contextlib.contextmanager
-def attached_configs_only(model: Any, adapter: str,
-                          attached: Collection[str] | None) -> Iterator[None]:
-    """Show PEFT only the configs of ``adapter`` and of the adapters in the model's module
-    tree (``attached``; ``None``: every adapter) while it reads the model's state dict.
-
-    PEFT filters that state dict against every *other* adapter it knows of, a check per key
-    and name: O(runs) per save or first boundary checkpoint, O(runs^2) an experiment (6.3 ms a
-    call at 512 runs). Only adapters in the module tree have keys in it, so leaving the others
-    out filters the same keys."""
-    configs = model.peft_config
-    if attached is not None:
-        shown = [adapter, *sorted(set(attached) - {adapter})]
-        model.peft_config = {name: configs[name] for name in shown if name in configs}
-    try:
-        yield
-    finally:
-        model.peft_config = configs
