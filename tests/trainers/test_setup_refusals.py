@@ -168,6 +168,9 @@ def test_the_cli_warns_when_it_replaces_an_op_not_yet_applied(tmp_path, monkeypa
         args=RFSFTConfig(output_dir=str(tmp_path / "exp"), num_chunks=2, max_steps=2,
                          learning_rate=List([1e-3, 3e-3]), **dict(BASE, report_to="mlflow")),
         train_dataset=make_sft_dataset(16), peft_config=tiny_lora_config(r=4))
+    # The runs are registered in MLflow on the tracking thread, once built: a person at the
+    # CLI a moment later finds them (here at once, so the test waits for them).
+    rf.engine.tracker.flush()
     assert cli_main(["stop", "run-1", "--uri", uri, "--next-run"]) == 0
     assert "warning" not in capsys.readouterr().err
     assert cli_main(["delete", "run-1", "--uri", uri, "--next-run"]) == 0

@@ -57,6 +57,12 @@ class Reporter:
     def __init__(self, tracker: Tracker | None = None) -> None:
         self.tracker = tracker
         self._leader = False  # this worker speaks for the experiment (its parent run)
+        if tracker is not None:
+            # MLflow's work (the store opened, the runs registered) waits while the main thread
+            # builds the runs: the tracking thread's Python would take the GIL from it (128
+            # runs built in 1.95 s with it beside, 0.85 s without). The trainer layer lets it
+            # go once they are built (until train() starts), a flush or a chunk does too.
+            tracker.active.clear()
 
     def ensure_run(self, name: str, params: dict, tags: dict[str, str]) -> None:
         """The run's MLflow run is queued: found or created, with ``params`` and (if new)
@@ -91,6 +97,7 @@ class Reporter:
         """A ``run()`` call begins; ``polling``: this worker applies ops from tags."""
         self._leader = polling
         if self.tracker is not None:
+            self.tracker.active.clear()  # until the first chunk computes (see __init__)
             self.tracker.resume()
             if polling:
                 self.tracker.polling.set()

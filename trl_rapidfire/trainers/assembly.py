@@ -127,6 +127,8 @@ def assemble(
                 name=spec.name, index=spec.index, knobs=spec.knobs, error=err,
                 run_dir=layout.run_dir(spec.name), group=None,
             )
+    if tracker is not None:
+        tracker.active.set()  # the runs are built: MLflow's work goes on until train() starts
     slots = list(engine.slots.values())
     if all(s.trainer is None for s in slots):
         raise_failures("No run could be set up", slots)
