@@ -1,0 +1,40 @@
+"""benchmarks/policy_scale.py: its --quick run plays every policy at two sizes and prints each
+one's cost per boundary and its ratio; the played experiment halves as successive halving
+does."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "policy_scale.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("policy_scale_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_prints_each_policys_cost_and_ratio(capsys):
+    bench = _load()
+    assert bench.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for label in ("SuccessiveHalving(eta=2)", "Hyperband(eta=2)", "PopulationBased(interval 2)"):
+        line = next(row for row in out.splitlines() if row.strip().startswith(label))
+        cells = re.findall(r"N=(\d+): ([\d.]+) us \(([\d.]+)x\)", line)
+        assert [n for n, _, _ in cells] == ["8", "64"]
+        assert float(cells[0][2]) == 1.0 and all(float(us) > 0 for _, us, _ in cells)
+
+
+def test_the_played_experiment_halves_as_synchronous_halving():
+    from trl_rapidfire.control.policies import SuccessiveHalving
+
+    bench = _load()
+    _, boundaries = bench.play(SuccessiveHalving(eta=2), 32, 8)
+    # 32 runs, 8 chunks, rungs at 1, 2, 4: 32 + 16 + 2 * 8 + 4 * 4 chunks trained.
+    assert boundaries == 32 + 16 + 2 * 8 + 4 * 4
