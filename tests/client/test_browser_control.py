@@ -122,6 +122,10 @@ def test_a_stop_set_in_the_ui_tag_editor_stops_the_run_at_its_next_boundary(
     rf.train(blocking=False)
     try:
         client = MlflowClient(server)
+        # The experiment and its runs are made on the tracking thread, not before train()
+        # returns to the script: a person opening the UI a moment later finds them.
+        _wait_for("the experiment in MLflow",
+                  lambda: client.get_experiment_by_name("exp") is not None, timeout=60)
         exp_id = client.get_experiment_by_name("exp").experiment_id
         # The person opens the experiment while the runs train (the UI's scripts load
         # meanwhile); the run's page is then a navigation inside the app.

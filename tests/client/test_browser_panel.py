@@ -198,7 +198,10 @@ def _train_and_steer(rf: RFSFTTrainer, gate: HeldRun, driver, panel: str, tmp_pa
 def test_the_dashboards_panel_stops_and_clones_with_buttons(tmp_path, monkeypatch):
     db = tmp_path / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-    rf, gate = _experiment(tmp_path)  # creates the store the dashboard opens
+    rf, gate = _experiment(tmp_path)
+    # The store the dashboard opens is made on the tracking thread, once the runs are built:
+    # here the dashboard starts at once, so the test waits for it.
+    rf.engine.tracker.flush()
     dashboard = Dashboard(["--uri", f"sqlite:///{db}", "--port", str(free_port())], tmp_path,
                           tmp_path / "dashboard.log")
     try:
