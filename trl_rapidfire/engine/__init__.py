@@ -35,7 +35,7 @@ The package, one concept a module (lower ones never import higher ones)::
 
     chunks.py        the chunk plan: where each run's epochs are cut
     run_trainer.py   the seam: RunTrainer (what the engine asks of a run's trainer),
-                     NewRun (a built run), RunFactory (rebuilds and clones)
+                     NewRun (a built run), RunFactory (rebuilds and clones), EvalCadence
     records.py       RunSlot (what a run is, plus one record per owner: TurnState,
                      Durability, WarmStart, Outcome), WeightsAt, a pending chunk's Recording,
                      EngineStats, LoopHooks
@@ -52,6 +52,7 @@ The package, one concept a module (lower ones never import higher ones)::
     reporting.py     the tracker: chunk reports, the end of a run() call, ops from tags
     clones.py        clones: built by the factory, registered, warm-started; from recipes
     proposals.py     runs an adaptive search proposes while the experiment trains
+    policy_view.py   the policy's one Context, kept up to date with the runs that moved
     ops.py           the ops desk: queue, policy, apply
     core.py          Engine: the face the trainer layer sees, and the loop of run()
 """
