@@ -149,10 +149,8 @@ def test_total_steps_kept_up_to_date():
 
 def _pbt_reference(policy, run, context):
     """PopulationBased's rule written over every history, as it was before the index: the
-    ranking of ``values_at``, worst first, ties in the runs' order."""
+    ranking of every run's value there, worst first, ties in the runs' order."""
     import math as _math
-
-    from trl_rapidfire.control.policies.base import values_at
 
     me = context.runs[run]
     chunks = me.chunks_done
@@ -161,7 +159,12 @@ def _pbt_reference(policy, run, context):
     mine = metric_at(me, policy.metric, chunks)
     if mine is None or _math.isnan(mine):
         return None
-    values = values_at(context, policy.metric, chunks)
+    values = {}  # every run's value there, deleted runs, NaN and missing values left out
+    for other in context.runs.values():
+        value = (metric_at(other, policy.metric, chunks)
+                 if other.status != RunStatus.DELETED and other.chunks_done >= chunks else None)
+        if value is not None and not _math.isnan(value):
+            values[other.name] = value
     if len(values) < 2:
         return []
     cut = max(1, int(len(values) * policy.quantile))

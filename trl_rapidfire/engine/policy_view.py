@@ -67,19 +67,20 @@ class PolicyView:
         """The context as of now."""
         moved = self._moved()
         context = self._context
-        if context is None or moved is None or len(context.runs) != len(self._slots):
-            # A new run (a clone, a proposal), a run taken back, or no feed yet: every run.
-            moved = set(self._slots)
-            if context is None or len(context.runs) > len(self._slots):
-                context = self._context = Context({}, 0.0)
-                self._done.clear()
         pending: dict[str, int] = {}
         for name, number in self._pending():
             pending[name] = max(pending.get(name, 0), number + 1)
-        # The runs pending here moved too: their chunk counts as done before it is recorded.
-        names = [n for n in self._slots if n in moved or n in pending] \
-            if len(moved) + len(pending) >= len(self._slots) // 2 \
-            else sorted(moved.union(pending) & self._slots.keys(), key=context_order(context))
+        if context is None or moved is None or len(context.runs) != len(self._slots):
+            # A new run (a clone, a proposal), a run taken back, or no feed yet: every run, in
+            # the runs' order (a new run comes last in the context too).
+            if context is None or len(context.runs) > len(self._slots):
+                context = self._context = Context({}, 0.0)
+                self._done.clear()
+            names = list(self._slots)
+        else:
+            # The runs pending here moved too: their chunk counts as done before it is
+            # recorded.
+            names = sorted((moved | pending.keys()) & self._slots.keys(), key=context.order)
         elsewhere = self._elsewhere()
         context.update(self._histories(names, pending, elsewhere), self._clock())
         self._unasked.update(names)
@@ -92,7 +93,7 @@ class PolicyView:
             return []
         assert self._context is not None  # refreshed first
         fresh = sorted((n for n in self._unasked if self._done[n] > self._asked.get(n, 0)),
-                       key=context_order(self._context))
+                       key=self._context.order)
         self._unasked.clear()
         for name in fresh:
             self._asked[name] = self._done[name]
@@ -107,12 +108,3 @@ class PolicyView:
             self.histories_built += 1
             yield history_of(slot, done, training=name in elsewhere)
 
-
-def context_order(context: Context) -> Callable[[str], tuple[int, int]]:
-    """Sort key: a run's place in the context (runs it does not hold yet last)."""
-    runs = context.runs
-
-    def key(name: str) -> tuple[int, int]:
-        return (0, context.order(name)) if name in runs else (1, 0)
-
-    return key

@@ -263,19 +263,6 @@ def check_metric(metric: Any) -> None:
                          f"{metric!r}")
 
 
-def values_at(context: Context, metric: str, chunks: int) -> dict[str, float]:
-    """Each run's value of ``metric`` at ``chunks`` chunks, for the runs that got there (NaN
-    and missing values left out; deleted runs do not count)."""
-    out = {}
-    for other in context.runs.values():
-        if other.status == RunStatus.DELETED or other.chunks_done < chunks:
-            continue
-        value = metric_at(other, metric, chunks)
-        if value is not None and not math.isnan(value):
-            out[other.name] = value
-    return out
-
-
 def as_policy(policy: Policy | Sequence[Policy] | None) -> Policy | None:
     """What the trainers accept as ``policy=``: one policy, a list of them, or ``None``."""
     if policy is None or isinstance(policy, Policy):
