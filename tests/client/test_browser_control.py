@@ -59,6 +59,25 @@ def _wait_for(what: str, condition, timeout: float = 60.0):
         time.sleep(0.2)
 
 
+def _click_when_ready(element, timeout: float = 30.0) -> None:
+    """Click, trying again while the page still lays itself out (Chromium answers "not
+    interactable" for an element under an animation even after it reported it clickable)."""
+    from selenium.common.exceptions import (
+        ElementClickInterceptedException,
+        ElementNotInteractableException,
+    )
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            element.click()
+            return
+        except (ElementNotInteractableException, ElementClickInterceptedException):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.25)
+
+
 def _add_tag_in_ui(driver, url: str, exp_id: str, run_id: str, key: str, value: str,
                    screenshot: Path | None) -> None:
     """What a person does: open the run, click the tags' edit button, fill key and value, add
@@ -79,10 +98,14 @@ def _add_tag_in_ui(driver, url: str, exp_id: str, run_id: str, key: str, value: 
         if close.is_displayed():
             close.click()
     wait.until(ec.element_to_be_clickable(edit_tags)).click()
-    dialog = wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, "[role='dialog']")))
+    # The tag editor is the dialog with a Value field (another panel of the page may also be
+    # a dialog); its key field takes clicks only once the dialog's opening animation is over.
+    editor = "//*[@role='dialog'][.//input[@aria-label='Value']]"
+    dialog = wait.until(ec.visibility_of_element_located((By.XPATH, editor)))
     # The key field is a searchable select: type a new key, Enter picks "Add tag <key>".
-    key_box = dialog.find_element(By.CSS_SELECTOR, "input[role='combobox']")
-    key_box.click()
+    key_box = wait.until(ec.element_to_be_clickable(
+        (By.XPATH, f"{editor}//input[@role='combobox']")))
+    _click_when_ready(key_box)
     key_box.send_keys(key)
     wait.until(ec.presence_of_element_located(
         (By.XPATH, f"//*[@role='option' and contains(normalize-space(), '{key}')]")))

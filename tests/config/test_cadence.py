@@ -227,24 +227,36 @@ def test_a_stops_write_goes_on_while_the_next_chunks_train_and_is_recorded_once_
     # A stop's checkpoint is written on the writer thread while training goes on (it cost a
     # wait and an fsync'd record in the loop, at every stop), and recorded as durable at a
     # later boundary once it is on disk, long before train() ends.
+    import time
+
     from transformers import TrainerCallback
 
     out = tmp_path / "exp"
     trainer = _experiment(out, checkpoint_every="1h")
-    seen = []
+    seen, written = [], out / ".rapidfire" / "checkpoints" / "run-0" / "checkpoint-4"
 
     class StopRun0ThenLook(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             if not args.output_dir.endswith("run-1"):
                 return
             if state.global_step == 2:
-                trainer.stop("run-0")  # applied at the next boundary
-            if state.global_step >= 6:
+                trainer.stop("run-0")  # applied at the next boundary (step 4)
+            if state.global_step == 6:
+                # run-1 trains on while run-0's write goes on; on a loaded machine the
+                # writer may lag several chunks, so wait here until its folder is in
+                # place (renamed in whole): the boundary at step 8 must then record it.
+                deadline = time.monotonic() + 120
+                while not written.is_dir() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                seen.append(FileStore(out / ".rapidfire", "", create=False).read()
+                            .runs["run-0"])
+            if state.global_step >= 9:
                 seen.append(FileStore(out / ".rapidfire", "", create=False).read()
                             .runs["run-0"])
 
     trainer.run_trainer("run-1").add_callback(StopRun0ThenLook())
     trainer.train()
-    stopped = seen[-1]
+    assert written.is_dir() and seen[0].status == "stopped" and len(seen) > 1
+    stopped = seen[-1]  # read after the boundary at step 8 or 12, before train() ended
     assert stopped.status == "stopped" and not stopped.volatile
     assert stopped.durable_step == stopped.global_step > 0
