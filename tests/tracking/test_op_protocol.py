@@ -296,8 +296,8 @@ def test_repeated_ops_in_a_real_training_run_are_each_applied_and_answered(tmp_p
         train_dataset=make_sft_dataset(32), peft_config=tiny_lora_config(r=4),
         callbacks=[person],
     )
-    for slot in rf.engine.slots.values():
-        next(cb for cb in slot.trainer.callback_handler.callbacks
+    for name in rf.engine.slots:  # each run's trainer, built now if it was planned
+        next(cb for cb in rf.run_trainer(name).callback_handler.callbacks
              if isinstance(cb, _Person)).trainer = rf
     rf.train()
     answers = [(r.op, r.result) for r in rf.op_log if r.run == "run-1"]

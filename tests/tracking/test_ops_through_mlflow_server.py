@@ -97,8 +97,8 @@ def test_ops_from_the_ui_take_effect_at_the_next_boundary(server, tmp_path, monk
                          **{**common, "report_to": "mlflow"}),
         train_dataset=data, peft_config=lora, callbacks=[person],
     )
-    for slot in rf.engine.slots.values():
-        next(cb for cb in slot.trainer.callback_handler.callbacks
+    for name in rf.engine.slots:  # each run's trainer, built now if it was planned
+        next(cb for cb in rf.run_trainer(name).callback_handler.callbacks
              if isinstance(cb, _Person)).trainer = rf
     rf.train()
 

@@ -118,8 +118,8 @@ class _SetTagAt(TrainerCallback):
 def test_stop_by_tag_then_resume_continues_exactly(model_path, tmp_path):
     tag = _SetTagAt(lr=1e-3, step=4, target="run-1", op="stop")
     rf = _trainer(model_path, tmp_path / "exp", callbacks=[tag])
-    for slot in rf.engine.slots.values():
-        next(cb for cb in slot.trainer.callback_handler.callbacks
+    for name in rf.engine.slots:  # each run's trainer, built now if it was planned
+        next(cb for cb in rf.run_trainer(name).callback_handler.callbacks
              if isinstance(cb, _SetTagAt)).trainer = rf
     rf.train()
     runs = {r.name: r for r in rf.runs}

@@ -24,8 +24,10 @@ worker or before a crash, is rebuilt and continues with the Trainer's own
 
 The engine knows nothing of SFT, DPO or GRPO: it drives a run's trainer through the
 :class:`~.run_trainer.RunTrainer` protocol only; the trainer layer builds each run
-(:class:`~.run_trainer.NewRun`) and registers it with :meth:`Engine.register`, and the engine
-asks the :class:`~.run_trainer.RunFactory` it was constructed with for rebuilds and clones.
+(:class:`~.run_trainer.NewRun`) and registers it with the engine's
+:class:`~.building.RunRegistry` (or registers it planned, :class:`~.run_trainer.PlannedRun`,
+to be built at its first turn), and the engine asks the :class:`~.run_trainer.RunFactory` it
+was constructed with for rebuilds, planned runs and clones.
 
 May import: ``reports``, ``control``, ``tracking``, ``config``'s vocabulary (knobs, fields),
 ``shared_state``, ``runtime``, ``storage``; never ``trainers``, ``integrations``, ``client``,
@@ -35,14 +37,16 @@ The package, one concept a module (lower ones never import higher ones)::
 
     chunks.py        the chunk plan: where each run's epochs are cut
     run_trainer.py   the seam: RunTrainer (what the engine asks of a run's trainer),
-                     NewRun (a built run), RunFactory (rebuilds and clones), EvalCadence
+                     NewRun (a built run), PlannedRun (one built at its first turn),
+                     RunFactory (rebuilds, planned runs, clones), EvalCadence
     records.py       RunSlot (what a run is, plus one record per owner: TurnState,
                      Durability, WarmStart, Outcome), WeightsAt, a pending chunk's Recording,
                      EngineStats, LoopHooks
     faults.py        disk faults met by our writes, the one that stops the experiment
     lifetime.py      the wall clock, the claim's lease while a chunk trains, Ctrl-C, orphans
     callback.py      ChunkCallback, and TurnHost: the little it asks of the engine
-    building.py      a built trainer -> its chunk plan and RunSlot; runs failed before training
+    building.py      a built trainer -> its chunk plan and RunSlot; runs failed before
+                     training; RunRegistry: runs registered built, or planned and built later
     divergence.py    a run whose loss or weights stop being finite fails
     turns.py         switch in/out, parking, continuing from disk, boundary and final writes
     claims.py        what a claim answers: Turn | Wait | Retry | Done, GangWait
@@ -61,7 +65,7 @@ from .callback import ChunkCallback, TurnHost
 from .coordination import Claim, Done, Retry, Turn, Wait
 from .core import Engine
 from .records import EngineStats, RunFailure, RunSlot, WeightsAt
-from .run_trainer import EvalCadence, NewRun, RunFactory, RunTrainer
+from .run_trainer import EvalCadence, NewRun, PlannedRun, RunFactory, RunTrainer
 
 __all__ = [
     "ChunkCallback",
@@ -71,6 +75,7 @@ __all__ = [
     "EngineStats",
     "EvalCadence",
     "NewRun",
+    "PlannedRun",
     "Retry",
     "RunFactory",
     "RunFailure",

@@ -1,20 +1,25 @@
-"""From a built trainer to a run record: the run's chunk plan, its :class:`RunSlot`, and the
-record of a run that failed before it could train."""
+"""From a built trainer to a run record: the run's chunk plan, its :class:`RunSlot`, the
+record of a run that failed before it could train, and :class:`RunRegistry`, which registers
+runs built now and runs built when first scheduled."""
 
 from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..runtime.models import ModelGroup
 from ..runtime.residency import Residency
+from ..runtime.switch import inside_a_run
+from ..storage.layout import Layout
+from ..storage.names import check_run_name, inside
 from .chunks import ChunkPlan, plan_chunks, training_steps
 from .records import Outcome, RunSlot
-from .run_trainer import NewRun, RunTrainer
+from .run_trainer import NewRun, PlannedRun, RunFactory, RunTrainer
 
-__all__ = ["new_slot", "plan_for", "register_failed"]
+__all__ = ["RunRegistry", "new_slot", "plan_for", "register_failed"]
 
 
 def plan_for(
@@ -89,3 +94,103 @@ def register_failed(
     warnings.warn(f"{name} failed before training: {slot.outcome.error}", RuntimeWarning,
                   stacklevel=stacklevel)
     return slot
+
+
+class RunRegistry:
+    """Registers the engine's runs: built now (:meth:`register`), or planned now and built
+    when first scheduled (:meth:`register_planned`, then :meth:`build`).
+
+    Building a run's trainer is most of what an experiment costs before its first chunk
+    (~10 ms a run on the tiny model: TRL's and transformers' constructors, PEFT's adapter
+    injection), so a run whose plan is known without it waits for its first turn: the first
+    metric no longer waits for every run's trainer.
+
+    Args:
+        layout: the experiment's paths (every run's folder is checked to be inside it).
+        slots: the engine's runs (shared, not copied).
+        runs: builds planned runs' trainers (``None``: no run can be planned).
+        attach: the turns' ``attach`` (a trainer's starting point, taken right after it is
+            built).
+        ensure_run: the reporter's ``ensure_run`` (the run's tracking run).
+        replanned: told when a built run's plan differs from the one it was planned with.
+    """
+
+    def __init__(self, *, layout: Layout, slots: dict[str, RunSlot], runs: RunFactory | None,
+                 attach: Callable[[RunSlot, RunTrainer], None],
+                 ensure_run: Callable[[str, dict[str, Any], dict[str, str]], None],
+                 replanned: Callable[[], None]) -> None:
+        self.layout = layout
+        self.slots = slots
+        self._runs = runs
+        self._attach = attach
+        self._ensure_run = ensure_run
+        self._replanned = replanned
+
+    def register(self, new: NewRun) -> RunSlot:
+        """Register a freshly built run (``new.gang``: trained by that many workers together,
+        e.g. FSDP; its trainer was built in the launch's world), and open its tracking run.
+        Call right after building the trainer: its RNG streams and accelerate's state are
+        captured now, as the run's starting point (what they would be in a script that built
+        this trainer alone and then called ``train()``)."""
+        check_run_name(new.name)
+        inside(self.layout.output_dir, new.run_dir)  # names come from files too: never outside
+        slot = new_slot(new, checkpoints=self.layout.checkpoints(new.name),
+                        final_dir=self.layout.final_dir(new.name))
+        self._attach(slot, new.trainer)
+        self.slots[new.name] = slot
+        self._ensure_run(new.name, new.tracked, new.tags)
+        return slot
+
+    def register_planned(self, planned: PlannedRun) -> RunSlot:
+        """Register a run whose trainer is built when it is first scheduled (or first needed:
+        :meth:`build`), and open its tracking run."""
+        if self._runs is None:
+            raise RuntimeError("this experiment cannot build runs later: register them built")
+        # Its folder is the layout's for a name the search made (the layout refused a link
+        # out of output_dir when it gave it): only the name is checked here, which is what a
+        # thousand planned runs can afford before their first chunk.
+        check_run_name(planned.name)
+        slot = RunSlot(
+            name=planned.name, index=planned.index, knobs=planned.knobs, trainer=None,
+            group=None, adapter=None,
+            residency=Residency(key=planned.name, params=[], resident=False),
+            plan=planned.plan, run_dir=Path(planned.run_dir), evaluation=planned.evaluation,
+            chunk_save=planned.chunk_save, num_chunks=planned.num_chunks,
+            checkpoints=self.layout.checkpoints(planned.name),
+            final_dir=Path(planned.run_dir) / "final", planned=True,
+        )
+        self.slots[planned.name] = slot
+        self._ensure_run(planned.name, planned.tracked, planned.tags)
+        return slot
+
+    def add_failed(self, *, name: str, index: int, knobs: dict[str, Any], run_dir: Path,
+                   group: ModelGroup | None, error: BaseException) -> RunSlot:
+        """Register a run whose trainer could not be built (e.g. its formatting function
+        raised while the dataset was prepared): it is failed from the start, the others go on."""
+        return register_failed(self.slots, name=name, index=index, knobs=knobs,
+                               run_dir=run_dir, group=group, error=error, stacklevel=4)
+
+    def build(self, slot: RunSlot) -> None:
+        """Build ``slot``'s trainer if it was planned (else nothing): between turns, never
+        inside a run's ``train()`` (its RNG streams, accelerate state and active adapter are
+        the running run's there). Its starting point is taken right after, as for a run built
+        up front. Raises what the build raised (nothing of it is left behind)."""
+        if not slot.planned:
+            return
+        if inside_a_run():
+            raise RuntimeError(f"{slot.name}'s trainer is built when it is first scheduled; "
+                               "it cannot be built from inside another run's training")
+        assert self._runs is not None  # register_planned refuses otherwise
+        try:
+            new = self._runs.build_planned(slot.name)
+        except BaseException:
+            self._runs.undo(slot.name)
+            raise
+        built = new_slot(new, checkpoints=slot.checkpoints or self.layout.checkpoints(new.name),
+                         final_dir=slot.final_dir)
+        slot.group, slot.adapter, slot.residency = built.group, built.adapter, built.residency
+        slot.step_multiple, slot.planned = built.step_multiple, False
+        if built.plan != slot.plan and not slot.state.chunks_done:
+            slot.plan = built.plan  # the factory vouched for it; its trainer says otherwise
+            self._replanned()
+        self._attach(slot, new.trainer)

@@ -28,13 +28,17 @@ class Clones:
         slots: the engine's runs (a clone is added there by ``register``).
         cache: where parked run state lives (a warm clone copies its parent's from there).
         runs: builds the clone's trainer (``None``: this experiment cannot clone).
-        register: the engine's :meth:`~.core.Engine.register`.
+        register: registers a built run (:meth:`~.building.RunRegistry.register`).
+        prepare: builds a planned run's trainer (:meth:`~.building.RunRegistry.build`): a
+            parent whose state is read from its checkpoint needs one.
     """
 
     def __init__(
         self, *, layout: Layout, slots: dict[str, RunSlot], cache: StateCache,
         runs: RunFactory | None, register: Callable[[NewRun], RunSlot],
+        prepare: Callable[[RunSlot], None] = lambda slot: None,
     ) -> None:
+        self._prepare = prepare
         self.layout = layout
         self.slots = slots
         self.cache = cache
@@ -146,6 +150,11 @@ class Clones:
 
     def _state_on_disk(self, slot: RunSlot) -> tuple[list[torch.Tensor], list[Any]]:
         ckpt = self.last_checkpoint(slot)
+        try:
+            self._prepare(slot)  # its parameters' names and decay groups come from its trainer
+        except Exception as err:  # noqa: BLE001 - reported as the op's result
+            raise OpError(f"cannot warm-start from {slot.name}: its trainer could not be "
+                          f"built: {type(err).__name__}: {err}") from None
         group = slot.model_group()
         model = group.model
         if slot.adapter is not None:

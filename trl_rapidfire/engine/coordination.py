@@ -119,7 +119,7 @@ class Coordinator:
                     st.gang_size[slot.name] = slot.gang
                 if slot.name not in st.runs:
                     st.add_run(slot.name, len(slot.plan), slot.json_knobs())
-                    if slot.trainer is None:
+                    if slot.trainer is None and not slot.planned:  # failed before training
                         st.runs[slot.name].fail(slot.outcome.error or "could not be set up")
             expire(st, now=time.time(), lease_seconds=self.lease_seconds)
             # Volatile chunks this process trained with an earlier trainer (one that met a

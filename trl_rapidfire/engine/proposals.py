@@ -83,7 +83,7 @@ class Proposals:
         layout, store, slots, shared: the experiment's paths, its shared state, the engine's
             runs, this worker's view of the shared state.
         runs: builds a proposed run's trainer.
-        register: the engine's :meth:`~.core.Engine.register`.
+        register: registers a built run (:meth:`~.building.RunRegistry.register`).
         replanned: told when new runs change the experiment's chunk count.
         admitted: whether the experiment's policy lets the search start another run now
             (a spent budget does not).

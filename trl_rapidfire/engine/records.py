@@ -219,6 +219,8 @@ class RunSlot:
     checkpoints: Path | None = None
     # The result of the last op applied to this run in this session (written by the ops).
     last_op: str | None = None
+    # Registered without its trainer (a PlannedRun): built when it is first scheduled.
+    planned: bool = False
     turn: TurnState = field(default_factory=TurnState)
     durability: Durability = field(default_factory=Durability)
     warm: WarmStart = field(default_factory=WarmStart)
@@ -239,7 +241,9 @@ class RunSlot:
         """The run's model group: every run that trains has one (a run that failed before
         its trainer was built has none)."""
         if self.group is None:
-            raise RuntimeError(f"{self.name} has no model: it failed before training")
+            raise RuntimeError(f"{self.name} has no model: "
+                               + ("it is built when first scheduled" if self.planned
+                                  else "it failed before training"))
         return self.group
 
     def record_error(self, exc: BaseException) -> None:
@@ -299,15 +303,18 @@ class RunSlot:
         """The run's trainer: every run that trains has one (a run that failed before its
         trainer was built has none)."""
         if self.trainer is None:
-            raise RuntimeError(f"{self.name} has no trainer: it failed before training")
+            raise RuntimeError(f"{self.name} has no trainer: "
+                               + ("it is built when first scheduled" if self.planned
+                                  else "it failed before training"))
         return self.trainer
 
     def result(self) -> RunResult:
         """What ``train()`` reports of the run (:class:`RunResult`)."""
-        if self.trainer is None:  # failed before its trainer existed
-            return RunResult(self.name, dict(self.knobs), self.state.status, 0,
-                             str(self.run_dir), {}, self.outcome.error or self.state.error)
         state = self.latest_trainer_state()
+        if state is None:  # failed before its trainer existed, or not built yet
+            return RunResult(self.name, dict(self.knobs), self.state.status,
+                             self.state.global_step, str(self.run_dir), {},
+                             self.outcome.error or self.state.error)
         metrics = latest_metrics(state.log_history)
         if self.outcome.train_output is not None:
             metrics.update(

@@ -36,7 +36,7 @@ def progress_text(slot: RunSlot) -> str:
     ``epoch 2/2 chunk 0/4`` right after an epoch ended), the epoch its last trained chunk
     belongs to, and its optimizer steps; a completed run reads ``done 8/8 (step 80/80)``."""
     plan, step = slot.plan, slot.state.global_step
-    if slot.trainer is None or not plan.chunks:
+    if not plan.chunks:  # failed before its plan was made
         return f"step {step}"
     done = sum(1 for c in plan.chunks if c.end_step <= step)
     steps = f"step {step}/{plan.total_steps}"

@@ -2,7 +2,9 @@
 
 The engine drives a run's trainer through :class:`RunTrainer` only, and gets new trainers
 (a rebuild on another worker, a clone) through the :class:`RunFactory` it is constructed with.
-What the factory builds comes back as a :class:`NewRun`, which the engine registers itself.
+What the factory builds comes back as a :class:`NewRun`, which the engine registers itself; a
+run whose trainer is built when it is first scheduled is registered as a :class:`PlannedRun`
+and built through the factory then.
 This module imports nothing from ``trl_rapidfire.trainers``: the trainers depend on the
 engine, never the other way round.
 """
@@ -24,9 +26,10 @@ if TYPE_CHECKING:
 
     from ..control.ops import Op
     from ..runtime.switch import RngState
+    from .chunks import ChunkPlan
     from .records import RunSlot
 
-__all__ = ["EvalCadence", "NewRun", "RunFactory", "RunTrainer"]
+__all__ = ["EvalCadence", "NewRun", "PlannedRun", "RunFactory", "RunTrainer"]
 
 
 class EvalCadence(enum.Enum):
@@ -97,7 +100,7 @@ class RunTrainer(Protocol):
 
 @dataclass
 class NewRun:
-    """A run the factory built, for the engine to register (:meth:`Engine.register`).
+    """A run the factory built, for the engine to register (``Engine.registry.register``).
 
     ``resident``: whether its trainable tensors are the ones in the model now (a new adapter,
     the first full fine-tuning run of a model) or must be swapped in at its first turn.
@@ -121,6 +124,25 @@ class NewRun:
     tags: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class PlannedRun:
+    """A run registered before its trainer exists (``Engine.registry.register_planned``): built
+    by the factory's :meth:`RunFactory.build_planned` when it is first scheduled (or first
+    needed). Its ``plan`` is known without the trainer (the factory vouches that it is what
+    the built trainer's would be); the other fields are :class:`NewRun`'s."""
+
+    name: str
+    index: int
+    knobs: dict[str, Any]
+    plan: ChunkPlan
+    num_chunks: int
+    run_dir: Path
+    evaluation: EvalCadence = EvalCadence.NONE
+    chunk_save: bool = False
+    tracked: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+
+
 class RunFactory(Protocol):
     """Builds trainers for the engine (the trainer layer implements it)."""
 
@@ -140,6 +162,10 @@ class RunFactory(Protocol):
         proposal), as the search's expansion would have built it. Raises when it cannot be
         built (nothing is left behind)."""
 
+    def build_planned(self, name: str) -> NewRun:
+        """Build the run ``name`` registered as a :class:`PlannedRun`, as it would have been
+        built up front. Raises when it cannot be built (nothing is left behind)."""
+
     def undo(self, name: str) -> None:
-        """Take back a run built by :meth:`clone` or :meth:`new` that the engine could not
-        use."""
+        """Take back a run built by :meth:`clone`, :meth:`new` or :meth:`build_planned` that
+        the engine could not use."""

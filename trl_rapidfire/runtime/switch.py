@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from greenlet import greenlet
 
-__all__ = ["Aborted", "RunCoroutine", "RngState"]
+__all__ = ["Aborted", "RngState", "RunCoroutine", "inside_a_run"]
 
 
 class Aborted(BaseException):
@@ -43,6 +43,16 @@ class Aborted(BaseException):
 
     A ``BaseException`` so user code catching ``Exception`` cannot swallow it and keep training.
     """
+
+
+class _RunGreenlet(greenlet):
+    """A run's own greenlet (what :func:`inside_a_run` recognizes)."""
+
+
+def inside_a_run() -> bool:
+    """Whether the caller is inside a run's ``train()`` (a callback, a hook), not between
+    turns: what must not happen there (building another run's trainer, say) can be refused."""
+    return isinstance(greenlet.getcurrent(), _RunGreenlet)
 
 
 class RunCoroutine:
@@ -55,7 +65,7 @@ class RunCoroutine:
 
     def __init__(self, fn: Callable[[], Any], name: str = "run") -> None:
         self.name = name
-        self._greenlet = greenlet(fn)
+        self._greenlet = _RunGreenlet(fn)
 
     @property
     def started(self) -> bool:

@@ -18,7 +18,7 @@ import dataclasses
 import itertools
 import random
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,15 +94,36 @@ def _check_distinct(axis: Axis) -> None:
     if axis.is_range:
         return
     lists = axis.lists
+    for j, i in _repeated_positions(axis):
+        names = " and ".join(f"`{n}`" for n in axis.names)
+        shown = ", ".join(describe_value(k.values[i]) for k in lists)
+        raise SearchError(
+            f"{names} holds the candidate {shown} twice (positions {j} and {i}); each "
+            "candidate must be distinct, or one configuration would be trained twice."
+        )
+
+
+def _repeated_positions(axis: Axis) -> Iterator[tuple[int, int]]:
+    """Pairs ``(j, i)``, ``j < i``, of an axis's positions that hold the same values
+    (:func:`same_value`), the first repeat first. Hashable values are looked up (a thousand
+    learning rates compared pairwise took half a second); others are compared pairwise."""
+    lists = axis.lists
+    first: dict[tuple[Any, ...], int] = {}
+    try:
+        for i in range(len(axis)):
+            key = tuple((type(k.values[i]), k.values[i]) for k in lists)
+            j = first.setdefault(key, i)
+            if j != i:
+                yield j, i
+                return
+        return
+    except TypeError:  # an unhashable candidate (a LoRA config, a list): pairwise
+        pass
     for i in range(len(axis)):
         for j in range(i):
             if all(same_value(k.values[i], k.values[j]) for k in lists):
-                names = " and ".join(f"`{n}`" for n in axis.names)
-                shown = ", ".join(describe_value(k.values[i]) for k in lists)
-                raise SearchError(
-                    f"{names} holds the candidate {shown} twice (positions {j} and {i}); each "
-                    "candidate must be distinct, or one configuration would be trained twice."
-                )
+                yield j, i
+                return
 
 
 class Search:

@@ -42,6 +42,7 @@ class Experiment:
 
     engine: Engine
     pool: ModelPool
+    runs: RunBuilder  # builds the planned runs, rebuilds and clones (the engine's factory)
 
 
 def assemble(
@@ -81,7 +82,8 @@ def assemble(
     builder = RunBuilder(trainer_class=trainer_class,
                          args=args, shared=shared_args, knob_args=knob_args,
                          pool=pool, owner=owner,
-                         single=not adaptive and len(specs) == 1)
+                         single=not adaptive and len(specs) == 1,
+                         tracked=_tracks_to_mlflow(args))
     check_specs(specs, shared_args, builder, policy=policy)
     check_clone_overrides(args, arguments.keys(), arguments)
     check_model_candidates(knob_args.get("model"), args)
@@ -114,23 +116,31 @@ def assemble(
                     policy=policy, tracker=tracker, proposer=proposer,
                     checkpoint_every=parse_cadence(
                         getattr(args, "checkpoint_every", DEFAULT_CADENCE)))
+    # The first run built: a run that differs from it only in knobs that leave the data and
+    # the plan alone gets its plan and waits for its first turn to be built (see
+    # RunBuilder.defers). Validation stays up front: check_specs saw every config.
+    reference = None
     for spec in specs:
         try:
+            if reference is not None and proposer is None and builder.defers(spec):
+                engine.registry.register_planned(builder.planned(spec, reference.plan))
+                continue
             new = builder.build(spec)
             if proposer is not None:
                 new.tags.update(proposer.tags_of(spec.name))
-            engine.register(new)
+            slot = engine.registry.register(new)
+            reference = reference or slot
         except RFConfigError:
             raise  # the setup itself is wrong: say so before anything trains
         except Exception as err:  # noqa: BLE001 - e.g. a user formatting function raised
-            engine.add_failed_run(
+            engine.registry.add_failed(
                 name=spec.name, index=spec.index, knobs=spec.knobs, error=err,
                 run_dir=layout.run_dir(spec.name), group=None,
             )
     if tracker is not None:
         tracker.active.set()  # the runs are built: MLflow's work goes on until train() starts
     slots = list(engine.slots.values())
-    if all(s.trainer is None for s in slots):
+    if all(s.trainer is None and not s.planned for s in slots):
         raise_failures("No run could be set up", slots)
     if len(slots) == 1:
         # One config: what its TRL trainer changed in its config, a plain one changes in
@@ -138,7 +148,7 @@ def assemble(
         run_args = slots[0].live_trainer().args
         for name in builder.changed_in_place.get(slots[0].name, []):
             setattr(args, name, copy.deepcopy(getattr(run_args, name)))
-    return Experiment(engine=engine, pool=pool)
+    return Experiment(engine=engine, pool=pool, runs=builder)
 
 
 def raise_failures(what: str, slots: list[RunSlot],

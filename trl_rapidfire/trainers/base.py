@@ -96,6 +96,7 @@ class RFTrainerMixin:
         )
         self._rf_pool = experiment.pool
         self._rf_engine = experiment.engine
+        self._rf_runs = experiment.runs
         self._rf_best: str | None = None
 
     # ------------------------------------------------------------------ control ops
@@ -288,9 +289,10 @@ class RFTrainerMixin:
         if slot is None:
             raise KeyError(f"no run named {run!r}; the runs are "
                            f"{', '.join(self._rf_engine.slots) or 'none yet'}")
-        if slot.trainer is None:  # failed before its trainer existed
+        state = slot.latest_trainer_state()
+        if state is None:  # failed before its trainer existed, or not built yet
             return []
-        history = slot.latest_trainer_state().log_history
+        history = state.log_history
         return metric_points(history, (key,)).get(key, [])
 
     @property
@@ -320,8 +322,11 @@ class RFTrainerMixin:
         return dict(self._rf_pool.loads)
 
     def run_trainer(self, name: str) -> Any:
-        """The live TRL trainer of run ``name`` (for inspection)."""
-        return self._rf_engine.slots[name].trainer
+        """The live TRL trainer of run ``name`` (for inspection; ``None`` for a run that
+        failed before its trainer was built). A run whose trainer is built when it is first
+        scheduled has it built now, unless this is called from inside a run's training (a
+        callback): ``RuntimeError`` then."""
+        return self._rf_engine.build_now(name).trainer
 
     def _rf_trainers(self) -> list[RunTrainer]:
         """The runs' trainers (a run that failed before its trainer was built has none)."""
@@ -365,9 +370,11 @@ class RFTrainerMixin:
 
     @as_trl_on_runs
     def add_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> None:
-        """Add a callback to every run (a copy each)."""
+        """Add a callback to every run (a copy each; runs built later get theirs when they
+        are built)."""
         for trainer in self._rf_trainers():
             trainer.add_callback(copy_callback(callback))
+        self._rf_runs.change_callbacks("add", callback)
 
     @as_trl_on_runs
     def remove_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> None:
@@ -375,12 +382,14 @@ class RFTrainerMixin:
         cls = callback if isinstance(callback, type) else type(callback)
         for trainer in self._rf_trainers():
             trainer.remove_callback(cls)
+        self._rf_runs.change_callbacks("remove", cls)
 
     @as_trl_on_runs
     def pop_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> Any:
         """Remove a callback (by class) from every run; returns the best run's copy."""
         cls = callback if isinstance(callback, type) else type(callback)
         popped = [trainer.pop_callback(cls) for trainer in self._rf_trainers()]
+        self._rf_runs.change_callbacks("remove", cls)
         return popped[0] if popped else None
 
     def __getattr__(self, name: str) -> Any:

@@ -42,6 +42,10 @@ def generation_cycle_steps(args: Any) -> int:
 class _RunGRPOHooks(RunTrainerMixin):
     """One run's ``GRPOTrainer``."""
 
+    # Its plan counts what its repeating sampler yields, and chunks end on whole generation
+    # cycles: both read from a built trainer.
+    rf_builds_when_scheduled = False
+
     def rf_step_multiple(self) -> int:
         return generation_cycle_steps(self.args)
 

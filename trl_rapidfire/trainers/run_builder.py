@@ -4,7 +4,9 @@ checkpoint; and the clones control ops ask for.
 
 :class:`RunBuilder` is the engine's :class:`~trl_rapidfire.engine.run_trainer.RunFactory`.
 It builds; the engine registers what it built (:class:`~trl_rapidfire.engine.NewRun`), and
-warm-starts clones itself.
+warm-starts clones itself. A run that only differs from one already built in knobs that leave
+its data and its chunk plan as they are is registered planned
+(:class:`~trl_rapidfire.engine.PlannedRun`) and built when it is first scheduled.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from ..config.configs import RFConfigError, RFConfigMixin, is_gang_config
 from ..config.fields import CHUNK, POLICY
 from ..config.knobs import describe_value, is_knob
 from ..control.ops import Op, OpError, resolve_overrides
-from ..engine import EvalCadence, NewRun, RunSlot
+from ..engine import EvalCadence, NewRun, PlannedRun, RunSlot
+from ..engine.chunks import ChunkPlan
 from ..runtime.accelerate_state import World, building_in
 from ..runtime.models import ModelPool, adapter_name
 from ..runtime.workers import current_worker
@@ -27,7 +30,7 @@ from ..storage.layout import Layout, run_index
 from ..tracking.tags import KNOBS_TAG
 from .generation_eval import GenerationEval
 from .per_run_trackers import one_stream_per_run
-from .run_trainer import copy_callbacks
+from .run_trainer import copy_callback, copy_callbacks
 
 __all__ = ["RunBuilder"]
 
@@ -36,6 +39,17 @@ __all__ = ["RunBuilder"]
 # into the others'.
 _SHARED_SETTINGS = ("disable_dropout", "gradient_checkpointing", "activation_checkpointing",
                     "eos_token", "pad_token", "chat_template_path")
+
+# Knobs that change neither what a run's dataset preparation makes nor how many batches it
+# yields: runs that differ only in these have the same chunk plan as a run already built, so
+# they are registered with that plan and built at their first turn (see RunBuilder.defers).
+# ``seed`` only where the data is neither shuffled nor packed (SFT's preparation reads it then).
+_PLAN_NEUTRAL = frozenset({
+    "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
+    "warmup_ratio", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
+    "max_grad_norm", "optim", "optim_args", "label_smoothing_factor", "peft_config", "seed",
+    "beta", "generation_config",
+})
 
 # What a warm start cannot change: the adapter's shape.
 _SHAPE_FIELDS = ("peft_type", "r", "target_modules", "modules_to_save", "rank_pattern",
@@ -55,12 +69,15 @@ class RunBuilder:
             subclass set on it).
         single: the experiment has one config: its run's TRL ``output_dir`` is the
             experiment's (clones get ``runs/<run>`` as always).
+        tracked: the runs' configs are recorded by a tracker (MLflow's params): without one,
+            they are not written out (a ``to_dict()`` of ~200 fields a run).
     """
 
     def __init__(self, *, trainer_class: type, args: Any, shared: dict[str, Any],
                  knob_args: dict[str, Any], pool: ModelPool, owner: Any = None,
-                 single: bool = False) -> None:
+                 single: bool = False, tracked: bool = True) -> None:
         self.trainer_class = trainer_class
+        self.tracked = tracked
         self.single = single
         self.owner = owner
         self.args = args
@@ -75,6 +92,9 @@ class RunBuilder:
         self.changed_in_place: dict[str, list[str]] = {}
         # The eval rows a generation eval reads, by its row limit: read once for all runs.
         self._eval_examples: dict[int | None, dict[str, Any]] = {}
+        # Callbacks added to (or removed from) every run through the experiment's trainer:
+        # applied in order to the trainers built afterwards (planned runs, rebuilds, clones).
+        self._callback_changes: list[tuple[str, Any]] = []
 
     def strategy(self, spec: RunSpec, name: str) -> Any:
         """The run's ``eval_strategy``/``save_strategy`` as the user wrote it (``"chunk"`` is
@@ -107,13 +127,50 @@ class RunBuilder:
 
     # ------------------------------------------------------------------ building a run
 
+    def defers(self, spec: RunSpec) -> bool:
+        """Whether ``spec``'s trainer may be built at its first turn, its plan being that of
+        any run of this experiment already built: an adapter run (a full fine-tuning run
+        starts from the base weights as they are when it is built), not a gang, of a trainer
+        whose plan comes from the dataset's length (not GRPO's generation cycles), whose
+        knobs all leave the data and the plan as they are, and with nothing its build checks
+        against the runs built before it (NEFTune on a shared model)."""
+        config = spec.config
+        return (not self.single and spec.trainer_kwargs.get("peft_config") is not None
+                and getattr(self.trainer_class, "rf_builds_when_scheduled", False)
+                and not is_gang_config(config) and config.neftune_noise_alpha is None
+                and set(spec.knobs) <= _PLAN_NEUTRAL
+                and not ("seed" in spec.knobs and (getattr(config, "packing", False)
+                                                   or getattr(config, "shuffle_dataset", False))))
+
+    def planned(self, spec: RunSpec, plan: ChunkPlan) -> PlannedRun:
+        """``spec`` registered with ``plan`` (that of a run already built, see :meth:`defers`),
+        to be built by :meth:`build_planned` at its first turn."""
+        self.specs[spec.name] = spec
+        run_dir = self._run_dir(spec)
+        return PlannedRun(plan=plan, **self._run_record(spec, run_dir))
+
+    def build_planned(self, name: str) -> NewRun:
+        """Build the planned run ``name`` (the engine's
+        :meth:`~trl_rapidfire.engine.RunFactory.build_planned`)."""
+        return self.build(self.specs[name])
+
+    def _run_dir(self, spec: RunSpec) -> Path:
+        """The run's TRL ``output_dir``, set in its config. One config: its files where its
+        TRL trainer puts them (checkpoints in output_dir)."""
+        run_dir = self.layout.output_dir if self.single else self.layout.run_dir(spec.name)
+        spec.config.output_dir = str(run_dir)
+        return run_dir
+
+    def change_callbacks(self, verb: str, callback: Any) -> None:
+        """Note a callback added to every run (``verb`` ``"add"``) or removed from every run
+        by class (``"remove"``), for the trainers built from now on."""
+        self._callback_changes.append((verb, callback))
+
     def build(self, spec: RunSpec) -> NewRun:
         """Load (or share) the run's model, add its adapter, build its trainer."""
         self.specs[spec.name] = spec
         config = spec.config
-        # One config: its files where its TRL trainer puts them (checkpoints in output_dir).
-        run_dir = self.layout.output_dir if self.single else self.layout.run_dir(spec.name)
-        config.output_dir = str(run_dir)
+        run_dir = self._run_dir(spec)
         if config.dataloader_pin_memory and not _accelerator_available():
             # Nothing to pin for: torch pins nothing then, and warns each time a run's
             # DataLoader starts an epoch (the Trainer's catch_warnings re-arm the warning).
@@ -181,17 +238,24 @@ class RunBuilder:
                              resident=False, gang=worker.world_size)
 
     def _new_run(self, spec: RunSpec, trainer: Any, run_dir: Path, **fields: Any) -> NewRun:
-        tracked = dict(spec.config.to_dict())
+        return NewRun(trainer=trainer, **self._run_record(spec, run_dir), **fields)
+
+    def _run_record(self, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
+        """What the engine records of a run, built or planned (a NewRun's and a PlannedRun's
+        fields but the trainer's own)."""
+        tracked = dict(spec.config.to_dict()) if self.tracked else {}
         generation = self.setting(spec, "generation_config")
-        if generation is not None and "generation_config" not in spec.knobs:
+        if self.tracked and generation is not None and "generation_config" not in spec.knobs:
             tracked["generation_config"] = describe_value(generation)
-        tracked.update({k: describe_value(v) for k, v in spec.knobs.items() if k not in tracked})
-        return NewRun(
-            name=spec.name, index=spec.index, knobs=spec.knobs, trainer=trainer,
+        if self.tracked:
+            tracked.update({k: describe_value(v) for k, v in spec.knobs.items()
+                            if k not in tracked})
+        return dict(
+            name=spec.name, index=spec.index, knobs=spec.knobs,
             num_chunks=self.raw_args.get("num_chunks", 1), run_dir=run_dir,
             evaluation=self.evaluation(spec),
             chunk_save=self.strategy(spec, "save_strategy") == CHUNK, tracked=tracked,
-            tags={KNOBS_TAG: json.dumps(sorted(spec.knobs))[:5000]}, **fields,
+            tags={KNOBS_TAG: json.dumps(sorted(spec.knobs))[:5000]},
         )
 
     def _trainer(self, spec: RunSpec, group: Any, adapter: str | None) -> Any:
@@ -215,7 +279,15 @@ class RunBuilder:
             self.changed_in_place[spec.name] = [k for k, v in after.items()
                                                 if before.get(k) != v]
         one_stream_per_run(trainer, self._stream_name(spec))
+        self._apply_callback_changes(trainer)
         return trainer
+
+    def _apply_callback_changes(self, trainer: Any) -> None:
+        for verb, callback in self._callback_changes:
+            if verb == "add":
+                trainer.add_callback(copy_callback(callback))
+            else:
+                trainer.remove_callback(callback)
 
     def _stream_name(self, spec: RunSpec) -> str:
         """The run's name in trackers that name their runs (trackio): the experiment's (its
@@ -230,6 +302,7 @@ class RunBuilder:
             trainer = self.trainer_class(args=spec.config, rf_adapter=None, rf_owner=self.owner,
                                          **self._trainer_kwargs(spec, spec.trainer_kwargs))
         one_stream_per_run(trainer, self._stream_name(spec))
+        self._apply_callback_changes(trainer)
         return trainer
 
     def _trainer_kwargs(self, spec: RunSpec, own: dict[str, Any]) -> dict[str, Any]:

@@ -44,6 +44,9 @@ class RunTrainerMixin(_TrainerBase):
 
     # The TRL trainer class whose __init__ builds this run's trainer (set by run_class_for).
     rf_trl_class: type
+    # Its chunk plan follows from the prepared dataset's length and the config alone, so a
+    # run of it may be planned and built at its first turn (see RunBuilder.defers).
+    rf_builds_when_scheduled = True
 
     def __init__(self, *args: Any, rf_adapter: str | None = None, rf_owner: Any = None,
                  rf_attached: Callable[[], Collection[str]] | None = None,
