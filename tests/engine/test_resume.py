@@ -229,10 +229,57 @@ def test_a_rerun_says_what_it_continues_and_a_first_run_does_not(tmp_path, capsy
 
     _session(out, **quick).train()
     printed = capsys.readouterr().out
-    assert printed.count(f"continuing: {done} of 6 chunks done\n") == 1, printed
+    assert printed.count(f"continuing: {done} of 6 chunks done; {6 - done} left\n") == 1, printed
     assert "nothing left" not in printed
 
     rows = read_schedule_csv(out / "schedule.csv")
     _session(out, **quick).train()  # finished: nothing is trained, and it says so
     assert "continuing: 6 of 6 chunks done; nothing left to train\n" in capsys.readouterr().out
     assert read_schedule_csv(out / "schedule.csv") == rows
+
+
+def test_a_rerun_after_a_policy_stopped_runs_says_nothing_is_left(tmp_path, capsys):
+    """The stopped runs' untrained chunks are not work left: the count is of what trains."""
+    from trl_rapidfire import SuccessiveHalving
+
+    out = tmp_path / "exp"
+
+    def session():
+        return RFSFTTrainer(
+            model=tiny_model_path(),
+            args=RFSFTConfig(output_dir=str(out), learning_rate=List([1e-4, 1e-3, 3e-3, 1e-2]),
+                             **{**BASE, "num_train_epochs": 1, "disable_tqdm": False,
+                                "eval_strategy": "chunk"}),
+            train_dataset=make_sft_dataset(48, seed=2), eval_dataset=make_sft_dataset(8, seed=3),
+            peft_config=tiny_lora_config(r=4), policy=SuccessiveHalving("eval_loss", eta=2),
+        )
+
+    first = session()
+    first.train()
+    trained = len(read_schedule_csv(out / "schedule.csv"))
+    stopped = [r for r in first.runs if r.status == RunStatus.STOPPED]
+    assert stopped and trained < 4 * 3  # the policy stopped runs before their last chunk
+    # The bar ended full: its count is what the experiment trained.
+    assert first.engine.total_chunks == trained
+    capsys.readouterr()
+    session().train()
+    printed = capsys.readouterr().out
+    assert f"continuing: {trained} of {trained} chunks done; nothing left to train\n" in printed
+
+
+def test_a_continued_bars_rate_counts_only_the_chunks_trained_now(capsys):
+    import io
+    import time
+
+    from trl_rapidfire.reports.progress import ExperimentProgress
+
+    progress = ExperimentProgress(100, stream=io.StringIO())
+    assert progress.mode == "log"
+    progress.begin(90)  # 90 chunks were done by an earlier process
+    time.sleep(0.5)
+    progress.chunk_done([], 91)
+    progress.close()
+    bar = capsys.readouterr().err.rsplit("\r", 1)[-1]
+    assert "91/100" in bar
+    rate = float(bar.split(", ")[-1].split("chunk/s")[0])
+    assert rate < 10, bar  # one chunk in ~0.5 s, not 91

@@ -138,7 +138,7 @@ def test_a_call_that_continues_says_so_once_in_a_log():
     view.begin(3)
     view.chunk_done(_runs(2, 4), 4)
     view.close()
-    assert out.getvalue().count("continuing: 3 of 24 chunks done\n") == 1
+    assert out.getvalue().count("continuing: 3 of 24 chunks done; 21 left\n") == 1
     assert "nothing left" not in out.getvalue()
     # Everything done: the call returns at once, and says why.
     out = io.StringIO()
@@ -167,7 +167,7 @@ def test_a_call_that_continues_says_so_above_the_live_view(monkeypatch, capsys):
         view.chunk_done(_runs(2, done), done)
     view.close()
     lines = screen(term.getvalue())
-    assert lines.count("continuing: 5 of 8 chunks done") == 1, lines
+    assert lines.count("continuing: 5 of 8 chunks done; 3 left") == 1, lines
     assert any("8/8" in line and "chunks (all runs)" in line for line in lines), lines
     # Disabled (a worker other than the first, disable_tqdm): nothing.
     quiet = ExperimentProgress(8, enabled=False)

@@ -153,7 +153,11 @@ class Engine:
 
     @property
     def total_chunks(self) -> int:
-        return sum(len(s.plan) for s in self.slots.values())
+        """The chunks the experiment trains: a run's whole plan, but only what it trained
+        for a run stopped, failed or deleted (so that a policy's stops end the count)."""
+        return sum(len(s.plan) if s.state.status.schedulable
+                   or s.state.status == RunStatus.COMPLETED else chunks_trained(s)
+                   for s in self.slots.values())
 
     def results(self) -> list[RunResult]:
         # A copy of the slots: a clone may be added meanwhile by a training thread.
@@ -282,6 +286,7 @@ class Engine:
         if self.worker.rank == 0:
             self._clock.before = self._shared.read_wall_seconds()
         if self._progress is not None:  # made by this loop's run() call (says if it continues)
+            self.replanned()  # the runs' states as registered: a stopped run's count is less
             self._progress.begin(self._chunks_done())
         while not self.interrupted and self._fault.message is None:
             if self.worker.launched and orphaned(self.worker.rank):
@@ -434,7 +439,8 @@ class Engine:
             self._turns.remove_checkpoints(slot.checkpoints)
         self._reporter.report(slot)
         if self._progress is not None and self._progress.showing and slot.outcome.error is None:
-            self._progress.chunk_done(self.results, self._chunks_done)  # built when drawn
+            self._progress.chunk_done(self.results, self._chunks_done,  # built when drawn
+                                      lambda: self.total_chunks)
 
     def _flush_finishes(self) -> None:
         self._turns.open_writes()

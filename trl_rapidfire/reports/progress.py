@@ -163,6 +163,9 @@ class ExperimentProgress:
         self._drawn_at = -math.inf
         self._pending: tuple[Any, Any] | None = None
         self._pending_done: Any = None  # a log's bar: the count it has not shown yet
+        # What returns the experiment's chunk count as it is now (runs stopped by a policy
+        # take their untrained chunks out of it), read whenever the count is drawn.
+        self._total_now: Callable[[], int] | None = None
         if not enabled:
             return
         if self._display is None and live_terminal(self._stream):
@@ -207,11 +210,17 @@ class ExperimentProgress:
         """The ``train()`` call starts with ``done`` chunks of the experiment finished. Above
         zero, this call continues an experiment (a re-run on the same output_dir, or a second
         ``train()``): one line says so, since the bar alone would only jump to ``done`` and a
-        person could not tell a continued experiment from one trained just now."""
+        person could not tell a continued experiment from one trained just now. The bar
+        starts at ``done``: its rate and time left count only the chunks this call trains."""
         if done > 0 and self.showing:
-            left = "; nothing left to train" if done >= self.total else ""
-            self._say(f"continuing: {done} of {self.total} chunks done{left}")
-        self.set_done(done)
+            left = ("nothing left to train" if done >= self.total
+                    else f"{self.total - done} left")
+            self._say(f"continuing: {done} of {self.total} chunks done; {left}")
+        if self._live is not None:
+            self._live.begin(done)
+        elif self._bar is not None:
+            self._bar.initial = self._bar.n = done  # tqdm's rate: (n - initial) / elapsed
+            self._bar.refresh()
 
     def _say(self, line: str) -> None:
         """``line`` where the view prints its tables: above a live view, else on the stream
@@ -229,14 +238,18 @@ class ExperimentProgress:
             self._bar.set_postfix_str(run)
 
     def chunk_done(self, runs: Sequence[RunResult] | Callable[[], Sequence[RunResult]],
-                   done: int | Callable[[], int]) -> None:
+                   done: int | Callable[[], int],
+                   total: Callable[[], int] | None = None) -> None:
         """A chunk ended; ``done`` chunks of the experiment are finished (by any worker, in
         any session). Each may be given as what returns it: with many runs and short chunks
         a view that redraws in place is redrawn at most every ``redraw_seconds`` (the latest
         state is drawn at :meth:`close`), so that building the table of every run is not a
-        cost of every chunk."""
+        cost of every chunk. ``total``: what returns the experiment's chunk count now, read
+        when the count is drawn."""
         if not self.showing:
             return
+        if total is not None:
+            self._total_now = total
         if self._display is None and self._live is None:  # a log: LogCadence decides
             if self._cadence.due(runs):
                 self._last = (_now(runs), _now(done))
@@ -274,6 +287,8 @@ class ExperimentProgress:
 
     def set_done(self, done: int) -> None:
         """``done`` chunks of the experiment are finished."""
+        if self._total_now is not None and (total := self._total_now()) != self.total:
+            self.set_total(total)
         if self._live is not None:
             self._live.set_done(done)
         elif self._bar is not None:
@@ -347,6 +362,12 @@ class _LiveView:
 
     def set_done(self, done: int) -> None:
         self._progress.update(self._task, completed=done)
+        self._live.refresh()
+
+    def begin(self, done: int) -> None:
+        """Start the count at ``done`` without taking it for progress made now (rich's time
+        left is from the samples of the updates since)."""
+        self._progress.reset(self._task, completed=done, run="")
         self._live.refresh()
 
     def show(self, runs: Sequence[RunResult]) -> None:
