@@ -277,3 +277,124 @@ def test_render_marks_problems_and_main_exit_code(monkeypatch, capsys):
     assert lines[0] == "trl-rapidfire doctor: 1 problem"
     assert lines[-2:] == ["!! /dev/shm   64 MiB free: too little",
                           "              fix: docker --shm-size"]
+
+
+# Issue 47, defect 3: outside text that is deep, not a file, absurd, not a store, or not text.
+
+def _in_time(call, seconds: float = 10.0):
+    """``call()``'s answer, failing (not hanging) when it blocks, as reading a FIFO does."""
+    answer: list = []
+
+    def run():
+        try:
+            answer.append((call(), None))
+        except Exception as err:  # noqa: BLE001 (raised again in the test's thread)
+            answer.append((None, err))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert answer, f"still blocked after {seconds} s"
+    value, err = answer[0]
+    if err is not None:
+        raise err
+    return value
+
+
+def test_a_deeply_nested_config_is_one_problem_line_not_a_recursion_error(tmp_path):
+    (flow,) = _check(tmp_path, "[" * 20_000)  # 20 KB, under the 64 KiB limit
+    assert flow.problem == "nests over 16 levels deep (line 1, column 17): not read"
+    assert flow.fix == "fix or remove it, or write a new one: accelerate config"
+    block = "".join(" " * i + f"k{i}:\n" for i in range(40)) + "distributed_type: NO\n"
+    (indented,) = _check(tmp_path, block)
+    assert indented.problem and indented.problem.startswith("nests over 16 levels deep")
+    fsdp = "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n"
+    assert _check(tmp_path, fsdp)[1].value == "2 per machine (FSDP, num_processes 2)"
+
+
+def test_a_folder_or_fifo_at_the_config_path_is_named_and_refused_without_blocking(tmp_path):
+    folder, fifo = tmp_path / "folder.yaml", tmp_path / "fifo.yaml"
+    folder.mkdir()
+    os.mkfifo(fifo)
+    (as_folder,) = doctor.check_accelerate(folder, NO_DEVICES)
+    assert as_folder.value == str(folder)
+    assert as_folder.problem == ("a folder, not a file: accelerate launch skips it and reads "
+                                 "no config")
+    assert as_folder.fix == "remove it, or write a config there: accelerate config"
+    (as_fifo,) = _in_time(lambda: doctor.check_accelerate(fifo, NO_DEVICES))
+    assert as_fifo.problem and as_fifo.problem.startswith("a FIFO (named pipe), not a file")
+    with pytest.raises(ValueError, match="a FIFO"):  # a FIFO swapped in after the stat
+        _in_time(lambda: doctor._read_head(fifo, 16))
+
+
+def test_absurd_process_and_machine_counts_are_problems(tmp_path):
+    _, huge = _check(tmp_path, f"distributed_type: MULTI_GPU\nnum_processes: {10**26}\n")
+    assert huge.problem == (f"num_processes {10**26} over num_machines 1: more than 256 workers "
+                            "per machine or 100,000 machines is not a count any machine or "
+                            "cluster has")
+    assert huge.fix and "accelerate config" in huge.fix
+    _, machines = _check(tmp_path, "distributed_type: MULTI_GPU\nnum_processes: 2000000\n"
+                                   "num_machines: 1000000\n")
+    assert machines.problem and "100,000 machines" in machines.problem
+    _, fine = _check(tmp_path, "distributed_type: MULTI_GPU\nnum_processes: 16\n"
+                               "num_machines: 2\n")
+    assert fine.problem is None and fine.value.startswith("8 per machine")
+    (flag,) = _check(tmp_path, "distributed_type: MULTI_GPU\nnum_processes: true\n")
+    assert flag.problem == ("distributed_type MULTI_GPU, num_processes a YAML bool, "
+                            "num_machines 1: accelerate launch cannot use these")
+
+
+def test_a_local_store_must_be_one_mlflow_can_use(tmp_path):
+    import sqlite3
+
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$salt$hash:19000:0:99999:7:::\n")
+    _, as_files = doctor.check_tracking(f"file://{secret}")
+    assert as_files.value == "no"
+    assert as_files.problem == f"{secret} is a file, not the folder a file store is"
+    _, as_db = doctor.check_tracking(f"sqlite:///{secret}")
+    assert as_db.problem == f"{secret} is a file but not an sqlite database"
+    db = tmp_path / "mlflow.db"
+    sqlite3.connect(db).execute("create table t (x)").connection.close()
+    _, ok_db = doctor.check_tracking(f"sqlite:///{db}")
+    assert ok_db.value == f"yes, {db} exists" and ok_db.problem is None
+    _, db_as_files = doctor.check_tracking(f"file://{db}")
+    assert db_as_files.problem == f"{db} is an sqlite database, not the folder a file store is"
+    assert db_as_files.fix == f"MLFLOW_TRACKING_URI=sqlite:///{db}"
+    _, ok_folder = doctor.check_tracking(f"file://{tmp_path}")
+    assert ok_folder.value == f"yes, {tmp_path} exists" and ok_folder.problem is None
+    _, folder_db = doctor.check_tracking(f"sqlite:///{tmp_path}")
+    assert folder_db.problem == f"{tmp_path} is a folder, not an sqlite database"
+    os.mkfifo(fifo := tmp_path / "fifo.db")
+    _, as_fifo = _in_time(lambda: doctor.check_tracking(f"sqlite:///{fifo}"))
+    assert as_fifo.problem == f"{fifo} is a FIFO (named pipe), not an sqlite database"
+
+
+@pytest.mark.parametrize("uri", ["javascript:alert(1)", "ftp://host/mlruns",
+                                 "data:text/html,<b>x</b>", "http://[::1:5000"])
+def test_a_uri_mlflow_would_not_use_is_refused(uri):
+    store, reachable = doctor.check_tracking(uri, timeout=0.5)
+    assert reachable.value == "no" and reachable.problem
+    assert reachable.fix and reachable.fix.startswith("set MLFLOW_TRACKING_URI to http(s)://")
+    assert "[::1" not in store.value  # an unreadable URI is not shown (it may hold a password)
+
+
+@pytest.mark.parametrize("uri", ["databricks", "postgresql+psycopg2://u:pw@db/mlflow", "uc:x"])
+def test_other_stores_mlflow_opens_are_not_refused(uri):
+    store, reachable = doctor.check_tracking(uri)
+    assert reachable.value == "not checked here" and reachable.problem is None
+    assert "pw" not in store.value
+
+
+def test_control_characters_from_the_yaml_or_the_uri_are_escaped_on_the_screen(tmp_path,
+                                                                             monkeypatch):
+    yaml_text = 'distributed_type: "\\e[2J\\0X\\nY\\u202e"\nnum_processes: 2\n'
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "javascript:\x1b]0;pwned\x07\nalert(1)")
+    findings = [*_check(tmp_path, yaml_text),
+                *doctor.check_tracking(os.environ["MLFLOW_TRACKING_URI"])]
+    screen = doctor.render(findings, width=1000)
+    assert not [c for c in screen if ord(c) < 32 and c != "\n" or c in "\x7f\u202e"]
+    assert "(\\x1b[2J\\x00X\\nY\\u202e, num_processes 2)" in screen
+    assert "javascript:\\x1b]0;pwned\\x07\\nalert(1) (MLFLOW_TRACKING_URI)" in screen
+    assert len(screen.splitlines()) == 11  # title, blank, 2 sections of 4: none added by text
+    assert doctor.printable("a" * 500, limit=10) == "aaaaaaaaaa... (500 characters, cut)"

@@ -35,10 +35,10 @@ def test_serves_the_page_and_its_files_only(client):
         assert client.get(other).status_code == 404, other
 
 
-def _post(client, path: str, doc) -> dict:
+def _post(client, path: str, doc, status: int = 200) -> dict:
     reply = client.post(f"/rapidfire/api/{path}", data=json.dumps(doc),
                         content_type="application/json")
-    assert reply.status_code == 200
+    assert reply.status_code == status, reply.get_json()
     return reply.get_json()
 
 
@@ -46,11 +46,14 @@ def test_the_op_check_is_the_senders_check(client):
     assert _post(client, "check-op", {"run": "run-1", "op": "stop"}) == {"op": "stop"}
     op = 'clone-warm {"learning_rate": 0.0001}'
     assert _post(client, "check-op", {"run": "run-1", "op": op, "status": "running"}) == {"op": op}
-    typo = _post(client, "check-op", {"run": "run-1", "op": "stpo"})["error"]
+    # A refused op is a 422 with the reason; a body of the wrong kind a 400.
+    typo = _post(client, "check-op", {"run": "run-1", "op": "stpo"}, 422)["error"]
     assert "unknown op 'stpo'" in typo
-    done = _post(client, "check-op", {"run": "run-1", "op": "stop", "status": "completed"})
+    done = _post(client, "check-op", {"run": "run-1", "op": "stop", "status": "completed"}, 422)
     assert "completed" in done["error"]
-    assert "must be text" in _post(client, "check-op", {"run": 3, "op": "stop"})["error"]
+    bomb = _post(client, "check-op", {"run": "run-1", "op": 'clone {"max_steps": 1e12}'}, 422)
+    assert "MAX_TRAIN_STEPS" in bomb["error"]
+    assert "must be text" in _post(client, "check-op", {"run": 3, "op": "stop"}, 400)["error"]
 
 
 def test_the_clone_form_locks_what_a_tag_may_never_change(client):
@@ -59,21 +62,21 @@ def test_the_clone_form_locks_what_a_tag_may_never_change(client):
     refused = {f["name"]: f["refused"] for f in reply["fields"]}
     assert refused["learning_rate"] is None and refused["peft_config.r"] is None
     assert refused["output_dir"] and refused["report_to"]
-    assert "error" in _post(client, "clone-fields", {"fields": "learning_rate"})
+    assert "error" in _post(client, "clone-fields", {"fields": "learning_rate"}, 400)
 
 
 def test_bodies_are_bounded_and_must_be_objects(client):
     big = client.post("/rapidfire/api/check-op", data=b"{" + b" " * 20000 + b"}",
-                      content_type="application/json").get_json()
-    assert "at most 16384 bytes" in big["error"]
-    assert "JSON object" in _post(client, "check-op", ["stop"])["error"]
+                      content_type="application/json")
+    assert big.status_code == 400 and "at most 16384 bytes" in big.get_json()["error"]
+    assert "JSON object" in _post(client, "check-op", ["stop"], 400)["error"]
     bad = client.post("/rapidfire/api/check-op", data=b"{not json",
-                      content_type="application/json").get_json()
-    assert bad["error"].startswith("bad request")
+                      content_type="application/json")
+    assert bad.status_code == 400 and bad.get_json()["error"].startswith("bad request")
     # Nested past the parser's depth bound: refused as bad text, not a server error.
     deep = client.post("/rapidfire/api/check-op", data=b"[" * 16000,
                        content_type="application/json")
-    assert deep.status_code != 500 and "deep" in deep.get_json()["error"]
+    assert deep.status_code == 400 and "deep" in deep.get_json()["error"]
 
 
 def test_the_pages_curves_use_the_reports_colours_and_line_styles():

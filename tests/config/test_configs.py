@@ -22,7 +22,7 @@ from trl_rapidfire.config.configs import normalize_fsdp_config
 
 GENERATION_FIELDS = {"generation_config", "generation_eval_rows", "generation_saved_rows"}
 RF_ONLY = {"num_chunks", "warmup_ratio", "cache_budget_bytes", "clone_overrides",
-           "checkpoint_every", *GENERATION_FIELDS}
+           "checkpoint_every", "stop_diverged", *GENERATION_FIELDS}
 DPO_REMOVED = {
     "max_prompt_length", "max_completion_length", "model_adapter_name", "ref_adapter_name",
     "force_use_ref_model",
@@ -137,7 +137,7 @@ def test_experiment_fields_cannot_be_knobs(cpu, field):
 # One value of each experiment-wide field that would be valid alone.
 _WIDE_VALUES = {"output_dir": ["a", "b"], "num_chunks": [2, 4], "cache_budget_bytes": [0, 1 << 20],
                 "clone_overrides": [["learning_rate"], ["weight_decay"]],
-                "checkpoint_every": ["chunk", 60]}
+                "checkpoint_every": ["chunk", 60], "stop_diverged": [True, False]}
 
 
 def test_every_experiment_wide_field_of_the_one_table_is_refused_as_a_knob(cpu):

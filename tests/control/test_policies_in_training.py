@@ -121,7 +121,10 @@ def test_a_wall_clock_budget_spans_re_runs(tmp_path):
     again.resume("run-0")
     again.resume("run-1")
     again.train()
-    stops = [o for o in again.op_log if o.op == "stop"]
+    # The re-run's log goes on from the first's (ops.csv): its own stops come after.
+    assert ([(o.source, o.run, o.op, o.result) for o in again.op_log[:len(first.op_log)]]
+            == [(o.source, o.run, o.op, o.result) for o in first.op_log])
+    stops = [o for o in again.op_log[len(first.op_log):] if o.op == "stop"]
     assert stops and all("budget spent" in o.result and f"of {spent:g} s" in o.result
                          for o in stops)
     assert [r.status for r in again.runs] == [RunStatus.STOPPED] * 2

@@ -125,7 +125,7 @@ def test_a_deep_inbox_file_among_100_good_ones_is_answered_alone(tmp_path):
     records = rf.op_log
     assert len(records) == 101
     bad = [r for r in records if r.result.startswith("error")]
-    assert len(bad) == 1 and bad[0].run == "" and "nests" in bad[0].op
+    assert len(bad) == 1 and bad[0].run == "" and "nests" in bad[0].result  # the reason
     assert all(r.result.startswith("ok: ") for r in records if r is not bad[0])
     assert len(_ops(out)) == 101  # every op logged, the bad one with its answer
     assert inbox.waiting() == 0  # each removed once answered, none before
@@ -215,8 +215,8 @@ def test_an_inbox_turned_into_a_link_while_training_is_not_read(tmp_path):
     rf.train()
     _unchanged(victim)
     assert [r.status for r in rf.runs] == [RunStatus.COMPLETED] * 2
-    answered = [row for row in _ops(out) if "leads out of" in row["op"]]
-    assert len(answered) == 1 and answered[0]["result"].startswith("error")
+    answered = [row for row in _ops(out) if "leads out of" in row["result"]]
+    assert len(answered) == 1 and answered[0]["result"].startswith("error: the inbox is not read")
 
 
 def test_an_op_file_that_is_a_link_is_not_read(tmp_path):
@@ -226,7 +226,7 @@ def test_an_op_file_that_is_a_link_is_not_read(tmp_path):
     inbox.mkdir(parents=True)
     (inbox / "00000000000000000001-link.json").symlink_to(victim / "keep.json")
     (record,) = rf.engine.apply_ops()
-    assert record.result.startswith("error") and "symbolic link" in record.op
+    assert record.result.startswith("error") and "symbolic link" in record.result
     assert not (inbox / "00000000000000000001-link.json").exists()  # the link went
     _unchanged(victim)  # its target did not, and was never applied (run-0 not deleted)
     rf.train()

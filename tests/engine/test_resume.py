@@ -262,9 +262,14 @@ def test_a_rerun_after_a_policy_stopped_runs_says_nothing_is_left(tmp_path, caps
     # The bar ended full: its count is what the experiment trained.
     assert first.engine.total_chunks == trained
     capsys.readouterr()
-    session().train()
+    second = session()
+    second.train()
     printed = capsys.readouterr().out
     assert f"continuing: {trained} of {trained} chunks done; nothing left to train\n" in printed
+    # The re-run's op log goes on from the first's (the policy's stops are in ops.csv).
+    def handled(rf):
+        return [(o.source, o.run, o.op, o.result) for o in rf.op_log]
+    assert handled(second) == handled(first) and len(handled(first)) >= len(stopped)
 
 
 def test_a_continued_bars_rate_counts_only_the_chunks_trained_now(capsys):

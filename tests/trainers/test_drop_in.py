@@ -221,7 +221,9 @@ def test_one_config_writes_its_checkpoints_and_saved_model_where_trl_does(tmp_pa
     assert top <= _files(tmp_path / "r")  # save_model() wrote the same files to output_dir
     assert rf.state.global_step == plain.state.global_step == 4
     assert rf.args.output_dir == str(tmp_path / "r")
-    assert rf.runs[0].output_dir == str(tmp_path / "r")
+    # The run's own folder (its final adapter) is runs/run-0, as with several configs.
+    assert rf.runs[0].final_dir == str(tmp_path / "r" / "runs" / "run-0" / "final")
+    assert (tmp_path / "r" / "runs" / "run-0" / "final" / "adapter_model.safetensors").is_file()
 
 
 def test_streamed_data_trains_in_chunks_of_steps_and_ends_as_plain_trl(tmp_path):

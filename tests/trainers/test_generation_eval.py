@@ -365,3 +365,23 @@ def test_a_bad_objective_list_is_refused(metric, direction, match):
 
     with pytest.raises(SearchError, match=match):
         OptunaSearch(num_runs=2, metric=metric, direction=direction)
+
+
+def test_one_configs_final_adapter_and_answers_are_in_its_run_folder(tmp_path):
+    # One config trains with the experiment's output_dir as its TRL one (checkpoints there, as
+    # plain TRL), and keeps what is its own where docs/evaluation.md says: runs/run-0/.
+    out = tmp_path / "rf"
+    rf = RFSFTTrainer(
+        model=tiny_model_path(),
+        train_dataset=make_sft_dataset(ROWS, seed=1, kind="prompt_completion"),
+        eval_dataset=make_sft_dataset(EVAL_ROWS, seed=2, kind="prompt_completion"),
+        peft_config=tiny_lora_config(r=4),
+        args=RFSFTConfig(output_dir=str(out), num_chunks=2, eval_strategy="chunk",
+                         generation_config=GREEDY, **COMMON))
+    rf.train()
+    (run,) = rf.runs
+    assert Path(run.output_dir) == out / "runs" / "run-0"
+    assert (Path(run.final_dir) / "adapter_model.safetensors").is_file()
+    saved = sorted(p.name for p in (out / "runs" / "run-0" / "generations").iterdir())
+    assert saved == [f"eval-step-{CHUNK_STEPS}.jsonl", f"eval-step-{2 * CHUNK_STEPS}.jsonl"]
+    assert not (out / "generations").exists()

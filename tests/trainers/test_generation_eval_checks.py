@@ -86,7 +86,7 @@ def test_exact_match_is_the_default_score():
     ({"do_sample": True}, "needs max_new_tokens"),
     ("{not json", "not valid JSON"),
     (7, "takes a transformers.GenerationConfig or a dict"),
-    (List([GREEDY, {"max_new_tokens": 0}]), "greater than 0"),
+    (List([GREEDY, {"max_new_tokens": 0}]), "max_new_tokens` is 0: it must be an integer from 1"),
 ])
 def test_a_bad_generation_config_is_refused_when_the_config_is_made(tmp_path, value, match):
     with pytest.raises(RFConfigError, match=match):
@@ -155,7 +155,7 @@ def test_each_of_several_eval_sets_is_generated_for_under_its_own_name(tmp_path)
     trainer.train()
     metrics = trainer.runs[0].metrics
     assert {"eval_sums_exact_match", "eval_chats_exact_match"} <= set(metrics)
-    folder = tmp_path / "exp" / "generations"  # one config: the experiment's folder is its own
+    folder = tmp_path / "exp" / "runs" / "run-0" / "generations"  # one config: its run folder
     saved = sorted(p.name for p in folder.iterdir())
     assert saved == ["eval_chats-step-1.jsonl", "eval_chats-step-2.jsonl",
                      "eval_sums-step-1.jsonl", "eval_sums-step-2.jsonl"]

@@ -172,6 +172,7 @@ def _status_of_folder(output_dir: str, full: bool = False) -> int:
     from ..control.folder_control import Inbox, alive, folder_runs
     from ..reports.display import table
     from ..reports.experiment_data import read_ops, read_search_log
+    from ..shared_state.runs import shown_status
     from ..storage.layout import Layout
     from .experiments import knob_columns
 
@@ -180,14 +181,15 @@ def _status_of_folder(output_dir: str, full: bool = False) -> int:
     trials = {e.run: e.trial for e in read_search_log(layout.search_log) if e.trial}
     runs = folder_runs(output_dir)
     knobs = knob_columns([r.knobs for r in runs], full=full)
-    rows = [[r.name, r.status.value, r.global_step, r.chunks_done, *cells,
-             _op_text(last.get(r.name, ""), full)] for r, cells in zip(runs, knobs.cells)]
+    who = alive(layout)
+    rows = [[r.name, shown_status(r.status, training=who is not None), r.global_step,
+             r.chunks_done, *cells, _op_text(last.get(r.name, ""), full)]
+            for r, cells in zip(runs, knobs.cells)]
     headers = ["run", "status", "steps", "chunks", *knobs.names, "last op"]
     if trials:  # an adaptive search: which trial of its study each run is
         headers.insert(1, "trial")
         for r, row in zip(runs, rows):
             row.insert(1, trials.get(r.name, "-"))
-    who = alive(layout)
     state = "training" if who is not None else "not training"
     where = f" (pid {who.pid} on {who.host})" if who is not None else ""
     waiting = Inbox(layout).waiting() if who else 0
@@ -223,6 +225,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return _status_of_folder(args.output_dir, args.full)
     from ..reports.display import table
     from ..reports.report import format_value
+    from ..shared_state.runs import shown_status
     from .experiments import knob_columns, tracked_knobs
     from .send import experiment_runs, find_experiment
 
@@ -236,7 +239,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
     proposed = any("rapidfire.trial" in run.tags for run in runs)
     for run, cells in zip(runs, knobs.cells):
         tags, metrics = run.tags, run.metrics
-        rows.append([tags.get("rapidfire.run"), tags.get("rapidfire.status", "-"),
+        # A run in the rotation of an experiment not training (Ctrl-C, a kill): interrupted.
+        rows.append([tags.get("rapidfire.run"),
+                     shown_status(tags.get("rapidfire.status"), training=exp.training),
                      tags.get("rapidfire.progress", "-"), format_value(metrics.get("loss")),
                      format_value(metrics.get("eval_loss")), *cells,
                      _op_text(tags.get("rapidfire.op", ""), args.full),

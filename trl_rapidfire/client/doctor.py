@@ -12,9 +12,11 @@ import importlib.metadata as md
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
+import unicodedata
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,6 +27,19 @@ from typing import Any
 STACK = ("torch", "trl", "transformers", "peft", "datasets", "accelerate", "mlflow", "filelock")
 PROBE_TIMEOUT, HTTP_TIMEOUT = 60.0, 3.0
 MAX_CONFIG_BYTES = 64 * 1024  # accelerate's own configs are a few hundred bytes
+# accelerate's configs nest two levels (fsdp_config: {...}); PyYAML's composer recurses per
+# level, so a few KiB of `[[[[` would end in RecursionError: deeper is refused before it builds.
+MAX_CONFIG_DEPTH = 16
+# No machine carries more accelerators than this, and each worker needs a core of its own: a
+# count above it is a typo (or 10**26), not a plan. Machines: more than the largest clusters.
+MAX_WORKERS_PER_MACHINE, MAX_MACHINES = 256, 100_000
+MAX_URI_CHARS = 4096  # browsers and servers refuse longer URLs; MLflow's stores are far shorter
+MAX_SHOWN_CHARS = 400  # one value on the screen: outside text beyond it is cut, not printed
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every sqlite database
+# The schemes MLflow 3 opens a tracking store for (mlflow/tracking/_tracking_service/utils.py,
+# _register_tracking_stores), plugins' schemes aside (entry points, looked up when needed).
+_MLFLOW_SCHEMES = {"", "file", "http", "https", "databricks", "databricks-uc", "uc"}
+_DB_SCHEMES = {"postgresql", "mysql", "sqlite", "mssql"}  # each with an optional +driver
 GIB = 1024**3
 MIN_FREE_DISK, MIN_FREE_SHM = 10 * GIB, 1 * GIB
 # The distributed_types `accelerate launch` (1.15, launch.py) starts num_processes workers for;
@@ -62,6 +77,61 @@ class Devices:
 
 def _flag(section: str, label: str, value: str, bad: Any, problem: str, fix: str) -> Finding:
     return Finding(section, label, value, problem if bad else None, fix if bad else None)
+
+
+def printable(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
+    """``text`` safe for a terminal: control and format characters (ESC, NUL, newlines, bidi
+    overrides) escaped as ``\\x1b``, and cut after ``limit`` characters; the YAML and the URI
+    shown here are anyone's text, and a raw ESC can rewrite the screen."""
+    shown = "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch)[0]
+                    in "CZ" and ch != " " else ch for ch in text[:limit])
+    return f"{shown}... ({len(text):,} characters, cut)" if len(text) > limit else shown
+
+
+def _kind(mode: int) -> str:
+    """What a path that is not a regular file is, in words."""
+    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISREG, "a file")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _read_head(path: Path, limit: int) -> bytes:
+    """Up to ``limit`` + 1 bytes of the regular file ``path``. Opened non-blocking and checked
+    after opening, so a FIFO put there (even after a stat) raises instead of blocking."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
+            raise ValueError(f"{_kind(mode)}, not a file")
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return file.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
+def _yaml_depth(text: str) -> None:
+    """ValueError if the YAML ``text`` nests deeper than MAX_CONFIG_DEPTH, found from its
+    parse events (the parser does not recurse, the composer building the values does)."""
+    import yaml
+
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_CONFIG_DEPTH:
+                mark = event.start_mark
+                raise ValueError(f"nests over {MAX_CONFIG_DEPTH} levels deep (line "
+                                 f"{mark.line + 1}, column {mark.column + 1}): not read")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _count(value: Any) -> str:
+    """A count from the YAML as shown: a number, else only its kind (never a nested value)."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else (
+        "-" if value is None else f"a YAML {type(value).__name__}")
 
 
 def tested_versions(checkout: Path | None = None) -> dict[str, str]:
@@ -166,15 +236,27 @@ def check_accelerate(path: Path, dev: Devices) -> list[Finding]:
     ``--num_processes N`` alone (or with ``--cpu``, or a NO or MULTI_CPU config) starts ONE."""
     import yaml
 
-    gpus, exists = (len(dev.gpus) if dev.cuda else 0), path.is_file()
+    gpus = len(dev.gpus) if dev.cuda else 0
+    try:
+        mode: int | None = os.stat(path).st_mode
+    except OSError:  # missing, or a folder above it cannot be read: accelerate reads none either
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):  # accelerate's os.path.isfile skips it
+        return [Finding("accelerate", "config", str(path), f"{_kind(mode)}, not a file: "
+                        "accelerate launch skips it and reads no config", "remove it, or write a "
+                        "config there: accelerate config")]
+    exists = mode is not None
     config: Any = {"distributed_type": "MULTI_GPU" if gpus > 1 else "NO",  # no config: one
                    "num_processes": max(gpus, 1)}  # worker per GPU, torchrun from 2 GPUs on
     try:
         if exists:
-            if (size := path.stat().st_size) > MAX_CONFIG_BYTES:  # checked before YAML reads it
+            if len(raw_bytes := _read_head(path, MAX_CONFIG_BYTES)) > MAX_CONFIG_BYTES:
+                size = os.stat(path).st_size  # checked before YAML reads it
                 raise ValueError(f"{size // 1024} KiB, over the {MAX_CONFIG_BYTES // 1024} KiB "
                                  "an accelerate config can be: not read")
-            config = yaml.safe_load(path.read_text(encoding="utf-8"))
+            text = raw_bytes.decode("utf-8")
+            _yaml_depth(text)
+            config = yaml.safe_load(text)
         if not isinstance(config, dict):
             raise ValueError(f"a YAML {type(config).__name__}, not the mapping accelerate reads")
         raw = config.get("distributed_type", "")
@@ -190,20 +272,27 @@ def check_accelerate(path: Path, dev: Devices) -> list[Finding]:
             raise ValueError(f"mpirun_config is a YAML {type(mpirun).__name__}, not a mapping")
         asked: Any = config.get("num_processes", 1 if dist == "NO" else None)
         machines: Any = config.get("num_machines") or 1
-        if not dist or not all(isinstance(n, int) and n >= 1 for n in (asked, machines)):
-            raise ValueError(f"distributed_type {dist or '-'}, num_processes {asked}, "
-                             f"num_machines {machines}: accelerate launch cannot use these")
+        if not dist or not all(_count(n).isdigit() and n >= 1 for n in (asked, machines)):
+            raise ValueError(f"distributed_type {dist or '-'}, num_processes {_count(asked)}, "
+                             f"num_machines {_count(machines)}: accelerate launch cannot use "
+                             "these")
     except (OSError, ValueError, yaml.YAMLError) as err:  # UnicodeDecodeError is a ValueError
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        why = (f"not valid YAML{where}: {getattr(err, 'problem', None) or err}"
-               if isinstance(err, yaml.YAMLError) else str(err))
+        said = getattr(err, "problem", None) or " ".join(str(err).split())  # one line
+        why = f"not valid YAML{where}: {said}" if isinstance(err, yaml.YAMLError) else str(err)
         return [Finding("accelerate", "config", str(path), why, "fix or remove it, or write a "
                         "new one: accelerate config")]
     many = dist in _MANY or (dist == "MULTI_CPU" and bool(mpirun.get("mpirun_hostfile")))
     workers = max(asked // machines, 1) if many else 1
     problem: str | None = None
-    if asked > 1 and not many:
+    if workers > MAX_WORKERS_PER_MACHINE or machines > MAX_MACHINES:
+        problem = (f"num_processes {asked} over num_machines {machines}: more than "
+                   f"{MAX_WORKERS_PER_MACHINE} workers per machine or {MAX_MACHINES:,} machines "
+                   "is not a count any machine or cluster has")
+        fix = ("set num_processes to the number of GPUs of all machines (and num_machines to "
+               "the machines): accelerate config")
+    elif asked > 1 and not many:
         problem = (f"num_processes: {asked} with distributed_type: {dist}: accelerate launch "
                    "uses its simple launcher, which starts ONE worker")
         fix = (f"accelerate launch --multi_gpu --num_processes {asked} (or distributed_type: "
@@ -246,24 +335,89 @@ def redact(uri: str) -> str:
         f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}{'?' * bool(query)}{query}")
 
 
+def _mlflow_scheme(uri: str) -> str | None:
+    """The scheme MLflow would open ``uri``'s store by (``""`` for a path), or ``None`` when
+    MLflow has no store for it (``javascript:``, ``ftp:``, a typo)."""
+    if uri in ("databricks", "databricks-uc", "uc"):  # MLflow's bare profile names
+        return uri
+    scheme = urllib.parse.urlsplit(uri).scheme.lower()
+    if len(scheme) == 1:  # a Windows drive letter: a path, as MLflow reads it
+        return ""
+    base, plus, driver = scheme.partition("+")
+    if scheme in _MLFLOW_SCHEMES or (base in _DB_SCHEMES and (not plus or driver.isidentifier())):
+        return scheme
+    plugins = {e.name for e in md.entry_points(group="mlflow.tracking_store")}
+    return scheme if scheme in plugins else None
+
+
+def _local_store(target: Path, sqlite: bool) -> tuple[str | None, str]:
+    """Why MLflow could not keep runs at ``target`` (a sqlite database, else a file store's
+    folder), or ``None``; with what to do about it. Never opens a FIFO or reads more than the
+    16 bytes that say whether a file is an sqlite database."""
+    other = ("set MLFLOW_TRACKING_URI to a new sqlite:///<folder>/mlflow.db (or unset it for "
+             "./mlflow.db)")
+    try:
+        mode: int | None = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as err:
+        return f"cannot look at {target} ({err.strerror})", other
+    folder = target.parent
+    if mode is None:  # a missing store is created in its folder
+        ok = os.access(folder, os.W_OK)
+        return (None if ok else f"cannot write {target}"), (f"mkdir -p {folder} (and make it "
+                                                             "writable), or set "
+                                                             "MLFLOW_TRACKING_URI to another store")
+    if stat.S_ISREG(mode):
+        try:
+            head = _read_head(target, len(SQLITE_HEADER))[:len(SQLITE_HEADER)]
+        except (OSError, ValueError) as err:
+            return f"cannot read {target} ({getattr(err, 'strerror', None) or err})", other
+        is_db = head == SQLITE_HEADER or (sqlite and not head)  # sqlite fills an empty file
+        if not sqlite:
+            return (f"{target} is {'an sqlite database' if is_db else 'a file'}, not the folder"
+                    " a file store is"), (f"MLFLOW_TRACKING_URI=sqlite:///{target}" if is_db
+                                          else "point MLFLOW_TRACKING_URI at a folder, or " +
+                                          other.removeprefix("set MLFLOW_TRACKING_URI to "))
+        if not is_db:
+            return f"{target} is a file but not an sqlite database", other
+    elif sqlite or not stat.S_ISDIR(mode):
+        return f"{target} is {_kind(mode)}, not {'an sqlite database' if sqlite else 'a folder'}", \
+            other
+    # sqlite writes its journal beside the database: the folder must be writable too.
+    ok = os.access(target, os.W_OK) and (not sqlite or os.access(folder, os.W_OK))
+    return (None if ok else f"cannot write {target}"), (
+        f"make {target} writable, or set MLFLOW_TRACKING_URI to another store")
+
+
 def check_tracking(uri: str, timeout: float = HTTP_TIMEOUT) -> list[Finding]:
-    """Whether the store the runs will be tracked in answers now, not hours in."""
+    """Whether the store the runs will be tracked in is one MLflow can use, and answers now,
+    not hours in."""
     from .tracked_runs import sqlite_path
 
     source = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default"
-    found = [Finding("tracking", "store", f"{redact(uri)} ({source})")]
+    fix_uri = ("set MLFLOW_TRACKING_URI to http(s)://<host>:<port>, sqlite:///<path>.db or a "
+               "folder, or unset it for ./mlflow.db")
+    try:  # before anything shows it: an unreadable URI cannot be shown without its secrets
+        why = None if len(uri) <= MAX_URI_CHARS else (
+            f"{len(uri):,} characters long, over the {MAX_URI_CHARS:,} of any URI MLflow uses")
+        found = [Finding("tracking", "store", f"{redact(uri)} ({source})")]
+    except ValueError as err:  # urlsplit: "Invalid IPv6 URL", a bad netloc
+        why, found = f"not a URI ({err})", [Finding("tracking", "store", f"unreadable ({source})")]
+    if why:
+        return [*found, Finding("tracking", "reachable", "no", why, fix_uri)]
+    scheme = _mlflow_scheme(uri)
+    if scheme is None:
+        return [*found, Finding("tracking", "reachable", "no", f"MLflow keeps no runs at a "
+                                f"{urllib.parse.urlsplit(uri).scheme}: URI", fix_uri)]
     parts, db = urllib.parse.urlsplit(uri), sqlite_path(uri)
-    if db is not None or parts.scheme.lower() in ("", "file"):  # sqlite, or a file store
-        target = db or Path(urllib.parse.unquote(parts.path))
-        folder, exists = target.parent, target.exists()
-        # A missing store is created in its folder; sqlite writes its journal beside the file.
-        ok = os.access(target, os.W_OK) if exists and db is None else (
-            os.access(folder, os.W_OK) and (not exists or os.access(target, os.W_OK)))
-        value = f"yes, {target} {'exists' if exists else 'is created by the first run'}"
-        return [*found, _flag("tracking", "reachable", value if ok else "no", not ok,
-                              f"cannot write {target}", f"mkdir -p {folder} (and make it "
-                              "writable), or set MLFLOW_TRACKING_URI to another store")]
-    if parts.scheme.lower() not in ("http", "https"):
+    if db is not None or scheme in ("", "file"):  # sqlite, or a file store
+        target = db or Path(urllib.parse.unquote(parts.path if scheme else uri))
+        problem, fix = _local_store(target, sqlite=db is not None)
+        value = f"yes, {target} {'exists' if target.exists() else 'is created by the first run'}"
+        return [*found, _flag("tracking", "reachable", "no" if problem else value, problem,
+                              problem or "", fix)]
+    if scheme not in ("http", "https"):
         return [*found, Finding("tracking", "reachable", "not checked here")]
     health = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path.rstrip('/')}/health"
     try:
@@ -290,6 +444,10 @@ def render(findings: list[Finding], width: int = 100) -> str:
     lines = [f"trl-rapidfire doctor: {problems or 'no'} problem{'s' * (problems != 1)}"]
     pad = max((len(f.label) for f in findings), default=0) + 5
     for i, f in enumerate(findings):
+        # Every field may carry outside text (the YAML, the URI, a path): escaped here, once.
+        f = Finding(f.section, printable(f.label), printable(f.value),
+                    None if f.problem is None else printable(f.problem),
+                    None if f.fix is None else printable(f.fix))
         if i == 0 or f.section != findings[i - 1].section:
             lines.append(f"\n{f.section}")
         lines += textwrap.wrap(f"{'!!' if f.problem else '  '} {f.label:<{pad - 5}}  {f.value}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -70,8 +71,25 @@ def _state(run: TrackedRun, now: float) -> tuple[str, float | None]:
     seen = float(beat) if re.fullmatch(r"\d+(\.\d+)?", beat) else None
     if run.status == "RUNNING":
         fresh = seen is not None and now - seen <= HEARTBEAT_STALE
-        return ("training" if fresh else "not responding"), seen
+        return ("training" if fresh and not _gone_here(run) else "not responding"), seen
     return {"FINISHED": "finished", "FAILED": "failed"}.get(run.status, "killed"), seen
+
+
+def _gone_here(run: TrackedRun) -> bool:
+    """Whether the process that trains ``run`` (its ``host:pid`` tag) was on this machine and
+    is gone (killed outright: its heartbeat would take minutes to age)."""
+    from ..tracking.tags import PROCESS_TAG
+
+    found = re.fullmatch(r"([A-Za-z0-9._-]{1,253}):(\d{1,10})", run.tags.get(PROCESS_TAG, ""))
+    if found is None or found.group(1) != socket.gethostname():
+        return False
+    try:
+        os.kill(int(found.group(2)), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError, ValueError):
+        return False  # alive (another user's), or not a pid this system has
+    return False
 
 
 def _catalog(uri: str | None) -> RunCatalog:

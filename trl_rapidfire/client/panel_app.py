@@ -15,10 +15,14 @@ The server side adds two read-only answers the page asks before it sets a tag, s
 is said at once instead of later in the run's answer tag:
 
 * ``POST /rapidfire/api/check-op`` ``{"run", "op", "status"}``: the op checked as every
-  sender checks it (:func:`~trl_rapidfire.client.send.check_op`): ``{"op"}`` or ``{"error"}``.
+  sender checks it (:func:`~trl_rapidfire.client.send.check_op`): ``{"op"}``, or an op that
+  would be refused, ``422`` with ``{"error"}``.
 * ``POST /rapidfire/api/clone-fields`` ``{"fields": [...]}``: which knob names a tag may never
   change, whatever the value (:func:`~trl_rapidfire.control.trust.refused_by_name`), so the
   clone form shows them locked with the reason.
+
+A body that is not what the route takes (too large, not a JSON object, a field of the wrong
+type) is ``400`` with ``{"error": "bad request: ..."}``: an error is never a ``200``.
 
 Both take small JSON bodies only (bounded before parsing) and never touch the store.
 """
@@ -68,14 +72,17 @@ def _text(doc: dict[str, Any], key: str, limit: int) -> str:
 
 
 def check_op_answer(doc: dict[str, Any]) -> dict[str, str]:
-    """The answer of ``/rapidfire/api/check-op`` to ``doc``."""
+    """The answer of ``/rapidfire/api/check-op`` to ``doc``: ``{"op"}``, or ``{"error"}``
+    for an op that would be refused. Raises ``ValueError`` for a body that is not
+    ``{"run", "op", "status"}`` of text."""
     from ..control.ops import OpError
     from .send import check_op
 
+    # A body field of the wrong kind is a bad request (raised); the op's refusal is the answer.
+    op, run = _text(doc, "op", _MAX_OP), _text(doc, "run", 200)
+    status = _text(doc, "status", 40) if doc.get("status") is not None else None
     try:
-        op = _text(doc, "op", _MAX_OP)
-        check_op(_text(doc, "run", 200), op,
-                 _text(doc, "status", 40) if doc.get("status") is not None else None)
+        check_op(run, op, status)
     except (OpError, LookupError, ValueError) as err:
         return {"error": str(err)}
     return {"op": op}
@@ -115,20 +122,24 @@ def panel_blueprint() -> Any:
     def asset(name: str) -> Response:
         return page(name)
 
-    def answer(compute: Any) -> Response:
+    def answer(compute: Any, refused: int) -> Response:
+        status = 200
         try:
             reply = compute(_body(request))
         except ValueError as err:  # includes a JSON syntax error
-            reply = {"error": f"bad request: {err}"}
-        return Response(json.dumps(reply), mimetype="application/json")
+            reply, status = {"error": f"bad request: {err}"}, 400
+        else:
+            if "error" in reply:  # what the body asked is refused: say so in the status too
+                status = refused
+        return Response(json.dumps(reply), status=status, mimetype="application/json")
 
     @blueprint.post("/api/check-op")
     def check() -> Response:
-        return answer(check_op_answer)
+        return answer(check_op_answer, 422)
 
     @blueprint.post("/api/clone-fields")
     def clone_fields() -> Response:
-        return answer(clone_fields_answer)
+        return answer(clone_fields_answer, 400)
 
     return blueprint
 

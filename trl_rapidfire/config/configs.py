@@ -34,6 +34,7 @@ from .fields import (
     EXPERIMENT_WIDE,
     POLICY,
     RF_ONLY,
+    STOP_DIVERGED_ATTR,
     admits,
     field_types,
     numeric_field,
@@ -42,6 +43,7 @@ from .fields import (
 from .fsdp import gang_config, is_gang_config, normalize_fsdp_config, validating_world
 from .generation import GenerationEvalFields, check_generation_fields
 from .knobs import Knob, List, Range, describe_value, is_knob, knob_from_json
+from .plan_limits import check_plan_fields
 from .preflight import PreflightError, check_field_values, scalar_kind
 from .removed_options import DPO_REMOVED, GRPO_REMOVED, Removed
 
@@ -129,6 +131,9 @@ class RFConfigMixin:
             "logging settings) are refused. Python calls of the script are not restricted."
         },
     )
+    stop_diverged: bool | None = field(default=None, metadata={"help": "A run whose loss or "
+        "weights stop being finite: True fails it at its next chunk boundary; False warns once "
+        "and trains on, as TRL does; None: True when the experiment has several runs."})
     warmup_ratio: float | None = field(
         default=None,
         metadata={
@@ -272,6 +277,10 @@ class RFConfigMixin:
                 f"`cache_budget_bytes` must be an integer >= 0, got {budget!r}. "
                 "Use e.g. cache_budget_bytes=4 * 2**30 (4 GiB); 0 keeps parked runs on disk."
             )
+        if not isinstance(raw["stop_diverged"], (bool, type(None))):
+            raise RFConfigError(f"`stop_diverged` is True, False or None, got "
+                                f"{raw['stop_diverged']!r}.")
+        check_plan_fields(raw)  # before TRL's own checks: nothing is sized by a bomb
         parse_cadence(raw["checkpoint_every"])
         check_generation_fields(raw)
         allowed = raw.get("clone_overrides")
@@ -361,9 +370,12 @@ class RFConfigMixin:
             check_field_values(self.trl_config_class, kwargs, ranges=False)
         kwargs = {k: _copied(v) for k, v in kwargs.items()}
         if kwargs.get("fsdp"):
-            return gang_config(self.trl_config_class, kwargs)
-        with preserved_accelerate_state():
-            return self.trl_config_class(**kwargs)
+            config = gang_config(self.trl_config_class, kwargs)
+        else:
+            with preserved_accelerate_state():
+                config = self.trl_config_class(**kwargs)
+        setattr(config, STOP_DIVERGED_ATTR, self._rf_raw["stop_diverged"])  # not a TRL field
+        return config
 
     def to_dict(self) -> dict[str, Any]:
         """Like ``TrainingArguments.to_dict()``, with knobs written as ``{"List": [...]}`` /

@@ -16,8 +16,8 @@ import typing
 from typing import Any
 
 __all__ = ["CHUNK", "CLONE_KEEPS", "ENGINE_EVALS", "EXPERIMENT_WIDE", "GENERATION_FIELDS",
-           "POLICY", "RF_ONLY", "admits", "allowed_values", "field_types", "numeric_field",
-           "type_members"]
+           "POLICY", "RF_ONLY", "STOP_DIVERGED_ATTR", "admits", "allowed_values", "field_types",
+           "numeric_field", "type_members"]
 
 GENERATION_FIELDS = ("generation_config", "generation_eval_rows", "generation_saved_rows")
 """The fields of a run judged by what it generates (SFT and DPO configs; see
@@ -35,14 +35,19 @@ ENGINE_EVALS = (CHUNK, POLICY)
 """The ``eval_strategy`` values the engine carries out itself (TRL is given ``"no"``)."""
 
 RF_ONLY = frozenset({"num_chunks", "warmup_ratio", "cache_budget_bytes", "clone_overrides",
-                     "checkpoint_every", *GENERATION_FIELDS})
+                     "checkpoint_every", "stop_diverged", *GENERATION_FIELDS})
 """Fields of the RF configs that TRL's configs do not have (``warmup_ratio``: transformers 5
 removed it; the RF configs still read it, see :mod:`.removed_options`)."""
 
 EXPERIMENT_WIDE = frozenset({"output_dir", "num_chunks", "cache_budget_bytes", "clone_overrides",
-                             "checkpoint_every"})
+                             "checkpoint_every", "stop_diverged"})
 """Fields that describe the whole experiment: one value for every run (never a knob), and no
 clone may change them (one folder, one chunk plan, one cache, one cadence)."""
+
+STOP_DIVERGED_ATTR = "rf_stop_diverged"
+"""The attribute of a run's TRL config that carries the RF config's ``stop_diverged`` (an
+RF-only field, so not a field of the TRL config) to the engine's divergence check; a plain TRL
+config has none: ``None``, the default."""
 
 CLONE_KEEPS = EXPERIMENT_WIDE | {"report_to"}
 """Fields a clone keeps from the experiment: the experiment-wide ones, and ``report_to`` (a

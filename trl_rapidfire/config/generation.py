@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,10 +18,156 @@ from ..storage.outside_text import OutsideTextError, loads
 from .errors import RFConfigError
 from .knobs import List, is_knob
 
-__all__ = ["GenerationEvalFields", "check_generation_fields", "generation_config_from"]
+__all__ = ["MAX_BEAMS", "MAX_LENGTH", "MAX_NEW_TOKENS", "GenerationEvalFields",
+           "check_generation_fields", "generation_config_from"]
 
 # A generation config's JSON is small: a few dozen fields.
 _MAX_JSON_BYTES = 64 * 1024
+
+MAX_NEW_TOKENS = 65_536
+"""The longest answer an evaluation may ask for: every eval row is answered at every
+evaluation, so a longer bound is hours of generation per evaluation, not a measure."""
+
+MAX_LENGTH = 1 << 20
+"""``max_length`` (prompt and answer): the longest context windows of today's models."""
+
+MAX_BEAMS = 64
+"""``num_beams`` / ``num_beam_groups``: generation memory grows with beams times the batch."""
+
+@dataclass(frozen=True)
+class _Bound:
+    """What a generation field takes: ``kind`` is int, real, bool or token ids; ``low`` and
+    ``high`` bound a number (None: open), ``*_open`` excludes the bound itself."""
+
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    example: str = ""
+
+    def says(self) -> str:
+        """The rule in words, e.g. "an integer from 1 to 65,536", "a number in (0, 1]"."""
+        if self.kind == "bool":
+            return "True or False"
+        if self.kind == "tokens":
+            return "a token id (an integer >= 0) or a list of them"
+        what = "an integer" if self.kind == "int" else "a finite number"
+        if self.low is not None and self.high is not None:
+            if self.low == self.high:
+                return f"{self.low:g}"
+            if self.kind == "int":
+                return f"{what} from {self.low:,} to {self.high:,}"
+            return (f"{what} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+                    f"{')' if self.high_open else ']'}")
+        if self.low is not None:
+            return f"{what} {'>' if self.low_open else '>='} {self.low:g}"
+        return what
+
+    def holds(self, value: Any) -> bool:
+        """Whether ``value`` is of this kind and within the bounds."""
+        if self.kind == "bool":
+            return isinstance(value, bool)
+        if self.kind == "tokens":
+            ids = value if isinstance(value, list) else [value]
+            return bool(ids) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                     for i in ids)
+        if self.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            return False
+        number = _real(value)
+        if number is None:
+            return False
+        low_ok = self.low is None or (number > self.low if self.low_open else number >= self.low)
+        return low_ok and (self.high is None or (
+            number < self.high if self.high_open else number <= self.high))
+
+
+_PROBABILITY = _Bound("real", 0, 1, example="0.9")
+_POSITIVE = _Bound("real", 0, low_open=True, example="1.0")
+_BOOLEAN = _Bound("bool", example="False")
+_TOKEN = _Bound("tokens", example="2")
+# The fields a generation eval may set, checked here because transformers' validate() checks
+# few of them, and some fail only at the first evaluation, after a chunk of training
+# (temperature <= 0 with sampling): each field a user sets must hold its bound.
+_BOUNDS: dict[str, _Bound] = {
+    "max_new_tokens": _Bound("int", 1, MAX_NEW_TOKENS, example="32"),
+    "min_new_tokens": _Bound("int", 0, MAX_NEW_TOKENS, example="0"),
+    "max_length": _Bound("int", 1, MAX_LENGTH, example="512"),
+    "min_length": _Bound("int", 0, MAX_LENGTH, example="0"),
+    "num_beams": _Bound("int", 1, MAX_BEAMS, example="1"),
+    "num_beam_groups": _Bound("int", 1, MAX_BEAMS, example="1"),
+    # Each prompt's one answer is scored against its reference.
+    "num_return_sequences": _Bound("int", 1, 1, example="1"),
+    "top_k": _Bound("int", 0, example="50"),
+    "no_repeat_ngram_size": _Bound("int", 0, example="0"),
+    "encoder_no_repeat_ngram_size": _Bound("int", 0, example="0"),
+    "temperature": _Bound("real", 0, low_open=True, example="0.7"),
+    "top_p": _Bound("real", 0, 1, low_open=True, example="0.9"),
+    "top_h": _Bound("real", 0, 1, low_open=True, example="0.4"),
+    "typical_p": _Bound("real", 0, 1, low_open=True, example="0.9"),
+    "min_p": _Bound("real", 0, 1, example="0.05"),
+    "epsilon_cutoff": _Bound("real", 0, 1, high_open=True, example="0.0003"),
+    "eta_cutoff": _Bound("real", 0, 1, high_open=True, example="0.0003"),
+    "assistant_confidence_threshold": _PROBABILITY,
+    "repetition_penalty": _Bound("real", 0, low_open=True, example="1.1"),
+    "encoder_repetition_penalty": _Bound("real", 0, low_open=True, example="1.0"),
+    "length_penalty": _Bound("real", example="1.0"),
+    "diversity_penalty": _Bound("real", 0, example="0.0"),
+    "guidance_scale": _Bound("real", example="1.5"),
+    "max_time": _Bound("real", 0, low_open=True, example="30.0"),
+    **dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+                     "forced_bos_token_id", "forced_eos_token_id"), _TOKEN),
+    **dict.fromkeys(("do_sample", "use_cache", "renormalize_logits", "remove_invalid_values",
+                     "output_scores", "output_logits", "output_attentions",
+                     "output_hidden_states", "low_memory"), _BOOLEAN),
+}
+
+
+def _shown(value: Any) -> str:
+    """``value``'s repr for a message, cut: it may be anyone's text from a YAML or the CLI."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def _real(value: Any) -> float | None:
+    """``value`` as a finite float, or ``None`` (a bool, text, NaN, inf, an int too big)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _check_set_fields(fields: Mapping[str, Any], name: str) -> None:
+    """:class:`RFConfigError` for the first field a user set (``fields``: the set ones) to a
+    value generation cannot use: the error names the field, the value and the fix. Run before
+    ``GenerationConfig`` is made, whose own checks fail on text where a number is."""
+    for key, bound in _BOUNDS.items():
+        value = fields.get(key)
+        if value is None:  # unset: the model's own generation config decides
+            continue
+        # temperature 0 is a common way to say "greedy"; greedy search never reads it.
+        greedy_zero = key == "temperature" and value == 0 and fields.get("do_sample") is False
+        if not greedy_zero and not bound.holds(value):
+            unset = "" if key == "max_new_tokens" else (", or leave it unset (the model's "
+                                                        "generation config decides)")
+            raise RFConfigError(f"`{name}.{key}` is {_shown(value)}: it must be {bound.says()}."
+                                f" Use e.g. {key}={bound.example}{unset}.")
+    least, most = fields.get("min_new_tokens") or 0, fields.get("max_new_tokens")
+    if most is not None and least > most:
+        raise RFConfigError(f"`{name}.min_new_tokens` is {least}, over max_new_tokens {most}. "
+                            "Lower it or raise max_new_tokens.")
+    groups, beams = fields.get("num_beam_groups") or 1, fields.get("num_beams") or 1
+    if groups > beams:
+        raise RFConfigError(f"`{name}.num_beam_groups` is {groups}, over num_beams {beams}: "
+                            "each group needs a beam. Use num_beams >= num_beam_groups.")
+    if fields.get("return_dict_in_generate") not in (None, False):
+        raise RFConfigError(f"`{name}.return_dict_in_generate` is "
+                            f"{_shown(fields['return_dict_in_generate'])}: the evaluation "
+                            "decodes the answers' tokens, which generate then no longer "
+                            "returns. Use return_dict_in_generate=False, or leave it unset.")
 
 
 @functools.cache
@@ -31,8 +178,10 @@ def _known_fields() -> frozenset[str]:
 def generation_config_from(value: Any, name: str) -> GenerationConfig:
     """``value`` as a ``GenerationConfig`` (a copy), or :class:`RFConfigError` naming the field
     ``name`` and the fix: an unknown field (with the nearest known name), no
-    ``max_new_tokens`` (each evaluation would generate up to the model's length), or what
-    ``GenerationConfig.validate`` refuses."""
+    ``max_new_tokens`` (each evaluation would generate up to the model's length), a field set
+    to a value of the wrong type or outside its bounds (``temperature=-1``, NaN,
+    ``num_beams=0``, ``max_new_tokens`` over :data:`MAX_NEW_TOKENS`, ``"3"`` for a number), or
+    what ``GenerationConfig.validate`` refuses."""
     example = f"{name}=GenerationConfig(max_new_tokens=32, do_sample=False)"
     if isinstance(value, str):
         try:
@@ -46,6 +195,7 @@ def generation_config_from(value: Any, name: str) -> GenerationConfig:
             hint = f" (did you mean `{near[0]}`?)" if near else ""
             raise RFConfigError(f"`{name}` has no field `{unknown[0]}`{hint}; it takes the "
                                 f"fields of transformers.GenerationConfig, e.g. {example}.")
+        _check_set_fields(value, name)
         try:
             value = GenerationConfig(**dict(value))
         except (TypeError, ValueError) as err:
@@ -56,9 +206,11 @@ def generation_config_from(value: Any, name: str) -> GenerationConfig:
     if value.max_new_tokens is None:
         raise RFConfigError(f"`{name}` needs max_new_tokens: every evaluation generates for "
                             f"each eval row, so bound its answers. Use e.g. {example}.")
+    _check_set_fields({key: getattr(value, key, None) for key in _BOUNDS} | {
+        "return_dict_in_generate": value.return_dict_in_generate}, name)
     try:
         value.validate()
-    except ValueError as err:
+    except (TypeError, ValueError) as err:
         raise RFConfigError(f"`{name}`: {err}") from None
     return copy.deepcopy(value)
 

@@ -39,12 +39,14 @@ _OP_FILE_BYTES = OP_TEXT_BYTES + 1024
 
 @dataclass(frozen=True)
 class InboxOp:
-    """An op taken from the inbox: its run and text, or ``run=""`` and why the file is not an
-    op. ``path`` is the file, removed (:meth:`Inbox.done`) once the op is answered."""
+    """An op taken from the inbox: its run and text; or, for a file that is not an op,
+    ``run=""``, ``op`` naming the file and ``problem`` saying why (the op's answer). ``path``
+    is the file, removed (:meth:`Inbox.done`) once the op is answered."""
 
     run: str
     op: str
     path: Path | None = None
+    problem: str | None = None
 
 
 class Inbox:
@@ -107,7 +109,7 @@ class Inbox:
             if self._refusal_said:
                 return []
             self._refusal_said = True  # said once, in the op log; nothing there is read
-            return [InboxOp("", f"<{err}>")]
+            return [InboxOp("", "<the inbox>", problem=f"the inbox is not read: {err}")]
         try:
             names = sorted(n for n in os.listdir(self.folder)
                            if n.endswith(".json") and not n.startswith("."))
@@ -129,7 +131,8 @@ class Inbox:
             except FileNotFoundError:
                 continue
             except ValueError as err:  # OutsideTextError and LinkRefused are ValueErrors
-                ops.append(InboxOp("", f"<unreadable op file {name}: {err}>", path))
+                ops.append(InboxOp("", f"<op file {name}>", path,
+                                   problem=f"unreadable op file {name}: {err}"))
         return ops
 
     def done(self, op: InboxOp) -> None:

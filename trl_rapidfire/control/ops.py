@@ -28,6 +28,7 @@ import dataclasses
 import enum
 import functools
 import json
+import math
 import os
 import time
 import typing
@@ -37,12 +38,14 @@ from typing import Any
 
 from ..config.fields import CLONE_KEEPS
 from ..config.knobs import List, is_knob
-from ..storage.csv_logs import append_row, utc_text
+from ..config.plan_limits import plan_field_problem
+from ..storage.csv_logs import append_row, read_rows, utc_seconds, utc_text
 from ..storage.names import UntrustedValue
 from ..storage.outside_text import OP_TEXT_BYTES, OutsideTextError, check_size, loads
 from .trust import check_tag_override
 
 __all__ = [
+    "OP_DEPTH",
     "Op",
     "OpError",
     "OpOrigin",
@@ -52,6 +55,7 @@ __all__ = [
     "OpSource",
     "VERBS",
     "append_op_row",
+    "read_op_rows",
     "parse_op",
     "resolve_overrides",
 ]
@@ -59,7 +63,7 @@ __all__ = [
 VERBS = ("stop", "resume", "delete", "clone", "clone-warm")
 # An override's value is a number, a name, a list of names or a mapping of numbers (3 levels
 # with the overrides' own object); a little room beyond that, nothing like a parser's limit.
-_OP_DEPTH = 8
+OP_DEPTH = 8
 _HINT = 'use one of: stop, resume, delete, clone {"knob": value}, clone-warm {"knob": value}'
 
 
@@ -172,13 +176,17 @@ def parse_op(text: Any) -> Op:
     if not rest:
         return Op(verb, {})
     try:
-        overrides = loads(rest, what=f"the argument of `{verb}`", max_depth=_OP_DEPTH)
+        overrides = loads(rest, what=f"the argument of `{verb}`", max_depth=OP_DEPTH)
     except OutsideTextError as err:
         shown = rest if len(rest) <= 200 else rest[:200] + "..."
         raise OpError(f"{err}: {shown!r}") from None
     if not isinstance(overrides, dict):
         raise OpError(f"`{verb}` overrides must be a JSON object like "
                       f'{{"learning_rate": 1e-4}}, got {rest!r}')
+    # Said by every sender (the CLI, the panel) before the op is sent, and again when the
+    # op is applied (resolve_overrides).
+    for key, value in overrides.items():
+        _check_value(key, value)
     return Op(verb, overrides)
 
 
@@ -217,6 +225,7 @@ def resolve_overrides(
         name, _, attr = key.partition(".")
         if name in CLONE_KEEPS:
             raise OpError(f"{name!r} describes the whole experiment; a clone cannot change it")
+        _check_value(key, value)
         if name in parent_knobs:
             current = parent_knobs[name]
         elif name in trainer_args:
@@ -282,6 +291,29 @@ def resolve_overrides(
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _check_value(key: str, value: Any) -> None:
+    """What an override's value must be whatever its field: within the limit of a field that
+    sizes the run's chunk plan (checked before anything of the clone is built: an absurd
+    value would stall every run while its plan is made), and free of NaN (Python's JSON
+    reads ``NaN``; a NaN ``lora_alpha`` makes the run diverge at once). A config field's own
+    NaN is left to the config's checks, which word it as for the script's values."""
+    problem = plan_field_problem(key, value)
+    if problem is not None:
+        raise OpError(problem)
+    if "." not in key and isinstance(value, float):
+        return
+    stack, seen = [value], 0
+    while stack and seen < 10_000:  # op text is bounded; so is this walk
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, float) and math.isnan(item):
+            raise OpError(f"{key!r} holds NaN, which no setting takes: give a number")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
 
 
 def _as_integer(key: str, value: Any, owner: type, name: str) -> Any:
@@ -369,3 +401,17 @@ def append_op_row(record: OpRecord, path: str | os.PathLike) -> None:
     """Append one record to ``ops.csv`` (the header is written with the first row), its time
     as ISO-8601 UTC text (see :mod:`~trl_rapidfire.storage.csv_logs`)."""
     append_row(path, _OP_FIELDS, {**dataclasses.asdict(record), "time": utc_text(record.time)})
+
+
+def read_op_rows(path: str | os.PathLike) -> list[OpRecord]:
+    """The records of the ``ops.csv`` at ``path`` (none if it does not exist), as
+    :func:`append_op_row` wrote them, oldest first; a row cut short by a crash is skipped.
+    Raises ``ValueError`` for a file that is not ours to read (too large, a link)."""
+    out = []
+    for row in read_rows(path):
+        try:
+            out.append(OpRecord(utc_seconds(row["time"]), row["source"] or "", row["run"] or "",
+                                row["op"] or "", row["result"] or ""))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out

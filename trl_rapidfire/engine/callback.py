@@ -19,6 +19,9 @@ __all__ = ["ChunkCallback", "TurnHost"]
 class TurnHost(Protocol):
     """What :class:`ChunkCallback` asks of the engine, from inside a run's ``train()``."""
 
+    # The experiment's runs (how many decides whether a diverged run stops: divergence.py).
+    slots: dict[str, RunSlot]
+
     def save_boundary(self, slot: RunSlot) -> None:
         """Write the run's checkpoint of the boundary just reached."""
 
@@ -96,7 +99,7 @@ class ChunkCallback(TrainerCallback):
         if step in slot.plan.boundaries and step not in slot.turn.yielded_at:
             slot.turn.yielded_at.add(step)
             # A run gone to inf/nan fails here, before its state is kept (divergence.py).
-            check_finite(slot, step)
+            check_finite(slot, step, runs=len(self.host.slots))
             # Here the next step's batches are fetched and nothing else has moved: exactly
             # where train(resume_from_checkpoint=...) restores a mid-epoch checkpoint.
             self.host.save_boundary(slot)

@@ -8,6 +8,11 @@ every epoch, and a chunk boundary never straddles an epoch end.
 Steps per epoch and total steps follow transformers' ``Trainer`` exactly (see
 :func:`training_steps`), including ``max_steps`` that ends mid-epoch: the last, partial epoch
 is cut into ``num_chunks`` spans of its own length, so it takes turns like the others.
+
+A plan is counted before it is built: one over ``MAX_PLAN_CHUNKS`` chunks or
+``MAX_TRAIN_STEPS`` steps (:mod:`trl_rapidfire.config.plan_limits`) is a
+:class:`ChunkPlanError` naming the limit, never minutes and gigabytes of chunks made on the
+training thread while every other run and op waits.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import warnings
 from dataclasses import dataclass
 from functools import cached_property
 
+from ..config.plan_limits import MAX_NUM_CHUNKS, MAX_PLAN_CHUNKS, MAX_TRAIN_STEPS
+
 __all__ = ["Chunk", "ChunkPlan", "ChunkPlanError", "plan_chunks", "training_steps"]
 
 
@@ -24,7 +31,7 @@ class ChunkPlanError(ValueError):
     """The chunk plan cannot be made from these numbers; the message says which and why."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # a plan holds up to MAX_PLAN_CHUNKS of them: no __dict__
 class Chunk:
     """One turn of a run: optimizer steps ``[start_step, end_step)`` of epoch ``epoch``.
 
@@ -105,6 +112,8 @@ def training_steps(
     steps_per_epoch = max(math.ceil(num_batches / gradient_accumulation_steps), 1)
     if max_steps > 0:
         return steps_per_epoch, max_steps
+    if not math.isfinite(num_train_epochs):
+        raise ChunkPlanError(f"num_train_epochs must be a finite number, got {num_train_epochs}.")
     total = math.ceil(num_train_epochs * steps_per_epoch)
     if total < 1:
         raise ChunkPlanError(
@@ -126,6 +135,28 @@ def _cuts(steps: int, parts: int, multiple: int) -> list[int]:
         ends.append(at)
     ends[-1] += tail
     return ends
+
+
+def _check_size(steps_per_epoch: int, total_steps: int, num_chunks: int, step_multiple: int,
+                run: str) -> None:
+    """Count the plan (full epochs, then a last partial one) before a chunk of it is made."""
+    if num_chunks > MAX_NUM_CHUNKS:  # an epoch's cuts are a list of this length
+        raise ChunkPlanError(
+            f"{run}: num_chunks={num_chunks:,} is over the limit of {MAX_NUM_CHUNKS:,} "
+            "(MAX_NUM_CHUNKS in trl_rapidfire.config.plan_limits); use fewer chunks an epoch.")
+    if total_steps > MAX_TRAIN_STEPS:
+        raise ChunkPlanError(
+            f"{run}: {total_steps:,} optimizer steps is over the limit of {MAX_TRAIN_STEPS:,} "
+            "(MAX_TRAIN_STEPS in trl_rapidfire.config.plan_limits); lower max_steps or "
+            "num_train_epochs.")
+    full, rest = divmod(total_steps, steps_per_epoch)
+    count = full * num_chunks + (min(num_chunks, max(rest // step_multiple, 1)) if rest else 0)
+    if count > MAX_PLAN_CHUNKS:
+        raise ChunkPlanError(
+            f"{run}: its plan would have {count:,} chunks ({full + bool(rest):,} epochs of "
+            f"{steps_per_epoch:,} steps, cut into {num_chunks:,} chunks each), over the limit "
+            f"of {MAX_PLAN_CHUNKS:,} (MAX_PLAN_CHUNKS in trl_rapidfire.config.plan_limits); "
+            "train fewer epochs or set max_steps, or lower num_chunks.")
 
 
 def plan_chunks(
@@ -170,6 +201,7 @@ def plan_chunks(
             stacklevel=2,
         )
         num_chunks = units
+    _check_size(steps_per_epoch, total_steps, num_chunks, step_multiple, run)
     full_epoch_ends = _cuts(steps_per_epoch, num_chunks, step_multiple)
     chunks: list[Chunk] = []
     epoch = 0

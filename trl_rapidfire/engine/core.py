@@ -40,7 +40,7 @@ from .clones import Clones
 from .coordination import Claim, Coordinator, Done, GangWait, Retry, Turn, Wait
 from .durability import make_durable, write_stopped
 from .faults import FaultNote
-from .lifetime import LeaseKeeper, WallClock, install_sigint, orphaned
+from .lifetime import LeaseKeeper, WallClock, install_ending_sigint, install_sigint, orphaned
 from .ops import OpsDesk
 from .proposals import Proposals, Proposer
 from .records import EngineStats, LoopHooks, RunSlot, WeightsAt
@@ -139,11 +139,8 @@ class Engine:
             admitted=self._ops.admits_new_runs,
         )
 
-    # ------------------------------------------------------------------ building
-
     def build_now(self, name: str) -> RunSlot:
-        """``name``'s record, its trainer built now if it was planned (see
-        :class:`~.building.RunRegistry`; between turns only)."""
+        """``name``'s record, its trainer built now if it was planned (between turns only)."""
         self.registry.build(self.slots[name])
         return self.slots[name]
 
@@ -261,12 +258,10 @@ class Engine:
         self._progress = ExperimentProgress(
             self.total_chunks, enabled=self.show_progress and self.worker.rank == 0
         )
-        # Every run's train() starts with accelerate's free_memory(), a full gc.collect() over
-        # everything the process holds (~0.2 s a run with the HF stack imported). The models,
-        # datasets and trainers built so far live as long as the experiment: frozen out of the
-        # collector's view for its duration. Only the young generations are collected first:
-        # a full collection here found ~100 cyclic objects in 0.34 s at 1000 runs (500k
-        # tracked); what it would free waits for the unfreeze at the end of the call.
+        # Every run's train() starts with accelerate's free_memory(), a full gc.collect() (~0.2 s
+        # with the HF stack imported): what is built so far lives as long as the experiment, so
+        # it is frozen out of the collector's view. Young generations only are collected first
+        # (a full collection found ~100 cyclic objects in 0.34 s at 1000 runs).
         gc.collect(1)
         gc.freeze()
         # Only the first worker applies ops from tags: the others need not poll them.
@@ -455,7 +450,18 @@ class Engine:
         """What every ``run()`` call does last, however its loop ended (``outcome``:
         ``finished``, ``failed`` or ``killed``)."""
         if previous_handler is not None:
-            signal.signal(signal.SIGINT, previous_handler)
+            install_ending_sigint()
+        try:
+            self._end_writes(started, ok)
+        except KeyboardInterrupt:
+            outcome = "killed"  # a Ctrl-C twice while ending: the views must still say so
+            raise
+        finally:
+            if previous_handler is not None:
+                signal.signal(signal.SIGINT, previous_handler)
+            self._reporter.finish(self.slots.values(), outcome, stacklevel=2)
+
+    def _end_writes(self, started: float, ok: bool) -> None:
         # A disk fault in the clean-up is noted, never raised over what ended the loop.
         with self._fault.kept():
             self._flush_finishes()  # a finished chunk is never lost, whatever stopped
@@ -490,5 +496,4 @@ class Engine:
             # Interrupted: unwind every suspended train(). On a normal end the only
             # suspended runs are stopped ones, kept resumable for a later train().
             self._turns.abort_suspended()
-        self._reporter.finish(self.slots.values(), outcome, stacklevel=2)
 

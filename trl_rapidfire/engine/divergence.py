@@ -1,4 +1,4 @@
-"""A run whose loss or weights stop being finite has failed, and says so.
+"""A run whose loss or weights stop being finite has diverged, and says so.
 
 With a learning rate far too high, a run's weights overflow to ``inf``/``nan`` within a step
 or two. The Trainer does not stop it: ``logging_nan_inf_filter`` (on by default) logs a finite
@@ -8,18 +8,28 @@ boundary (and at the end of training) the run's logged values since its last bou
 parameters its optimizer trains are checked; the first non-finite one fails the run alone,
 with a reason a person can act on. The check is a few fused reductions over the run's own
 trained parameters (an adapter: microseconds), nothing that grows with other runs.
+
+Failing it is for comparing runs (a diverged run must not be "best", nor take turns from the
+others). An experiment of one run is its TRL trainer alone, which trains on through
+inf/nan (TRL's own tests train fp16 weights at lr 0.1 that overflow by step 2): there the run
+is warned about once and trains on. The RF configs' ``stop_diverged`` chooses either way
+(None, the default: fail it only when the experiment has several runs).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from ..config.fields import STOP_DIVERGED_ATTR
 from .records import RunSlot
 
-__all__ = ["RunDiverged", "check_finite", "divergence"]
+__all__ = ["RunDiverged", "check_finite", "divergence", "stops_diverged"]
 
 # Logged values that are never legitimately non-finite in a healthy run.
 _WATCHED = ("loss", "grad_norm", "eval_loss")
@@ -57,9 +67,69 @@ def divergence(slot: RunSlot, step: int) -> str | None:
     return f"its weights are not finite (inf or nan) at step {step}"
 
 
-def check_finite(slot: RunSlot, step: int) -> None:
-    """Raise :class:`RunDiverged` if ``slot``'s run has diverged (see :func:`divergence`)."""
+# Settings that are legitimately infinite: max_grad_norm=inf measures without clipping.
+_MAY_BE_INFINITE = frozenset({"max_grad_norm"})
+
+
+def _numbers_in(name: str, value: Any) -> Iterator[tuple[str, float]]:
+    """``(name, number)`` for ``value`` and, for a config object (``LoraConfig``), each of
+    its fields: one level, what a person sets."""
+    if isinstance(value, float):
+        yield name, value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for fld in dataclasses.fields(value):
+            inner = getattr(value, fld.name, None)
+            if isinstance(inner, float):
+                yield f"{name}.{fld.name}", inner
+
+
+def bad_setting(slot: RunSlot) -> str | None:
+    """The run's first setting that is not a finite number (``peft_config.lora_alpha is
+    nan``), which makes a run diverge whatever its learning rate; or ``None``."""
+    found: list[tuple[str, float]] = []
+    for name, value in slot.knobs.items():
+        found += _numbers_in(name, value)
+    trainer = slot.trainer
+    peft = getattr(getattr(trainer, "model", None), "peft_config", None)
+    if isinstance(peft, dict) and slot.adapter in peft:
+        found += _numbers_in("peft_config", peft[slot.adapter])
+    args = getattr(trainer, "args", None)
+    if dataclasses.is_dataclass(args):
+        found += [(f.name, v) for f in dataclasses.fields(args)
+                  if isinstance(v := getattr(args, f.name, None), float)]
+    for name, value in found:
+        if math.isnan(value) or (math.isinf(value) and name not in _MAY_BE_INFINITE):
+            return f"{name} is {value}"
+    return None
+
+
+def stops_diverged(slot: RunSlot, runs: int) -> bool:
+    """Whether ``slot``'s run fails when it diverges, in an experiment of ``runs`` runs: its
+    config's ``stop_diverged``, and where that is ``None`` (the default, and every plain TRL
+    config) when there are several runs to compare."""
+    setting = getattr(getattr(slot.trainer, "args", None), STOP_DIVERGED_ATTR, None)
+    return runs > 1 if setting is None else bool(setting)
+
+
+def check_finite(slot: RunSlot, step: int, *, runs: int) -> None:
+    """Raise :class:`RunDiverged` if ``slot``'s run has diverged (see :func:`divergence`),
+    naming the setting at fault when one is not a finite number, else its learning rate.
+    Where the run trains on (:func:`stops_diverged`), a ``RuntimeWarning`` says so instead,
+    once: the reason is kept as the run trainer's ``rf_diverged``, and not looked for again
+    (its weights stay non-finite)."""
+    trainer = slot.trainer
+    if trainer is not None and trainer.__dict__.get("rf_diverged"):
+        return  # warned: it trains on as TRL's trainer would
     reason = divergence(slot, step)
-    if reason is not None:
-        raise RunDiverged(f"{slot.name} diverged: {reason}; its learning rate (or another "
-                          "setting) is likely too large")
+    if reason is None:
+        return
+    setting = bad_setting(slot)
+    cause = (f"its setting {setting}: give it a finite number" if setting is not None else
+             "its learning rate (or another setting) is likely too large")
+    if stops_diverged(slot, runs):
+        raise RunDiverged(f"{slot.name} diverged: {reason}; {cause}")
+    if trainer is not None:
+        trainer.__dict__["rf_diverged"] = reason
+    warnings.warn(f"{slot.name} diverged: {reason}; {cause}. It trains on, as its TRL trainer "
+                  "alone would (stop_diverged=True in the RF config stops it instead).",
+                  RuntimeWarning, stacklevel=2)

@@ -111,3 +111,26 @@ def install_sigint(engine: Interruptible) -> Any:
         )
 
     return signal.signal(signal.SIGINT, handler)
+
+
+def install_ending_sigint() -> Any:
+    """While a ``run()`` call ends (its finished chunks written, its runs' states recorded and
+    sent to the tracker): the first Ctrl-C says what is being kept and goes on; a second one
+    leaves at once (what was not written yet is trained again by a re-run). Without it, a
+    Ctrl-C there broke off a checkpoint write or the tracker's last flush with a traceback,
+    and the experiment's views said "training" until its heartbeat went stale."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    pressed: list[bool] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(True)
+        print(  # noqa: T201 - the person pressing Ctrl-C needs to know what happens
+            "\ntrl-rapidfire: writing what was trained and the runs' states (a few seconds; "
+            "Ctrl-C again to leave now: chunks not written yet are trained again by a re-run)",
+            flush=True,
+        )
+
+    return signal.signal(signal.SIGINT, handler)

@@ -4,11 +4,13 @@ The clones they make are :mod:`.clones`'s."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..control.folder_control import Inbox
@@ -22,12 +24,14 @@ from ..control.ops import (
     OpSource,
     append_op_row,
     parse_op,
+    read_op_rows,
 )
 from ..control.policies import Policy
 from ..runtime.cache import save_tree
 from ..shared_state.runs import RunState, RunStatus, status_op_refusal
 from ..shared_state.store import StateStore, disband_forming_gang
 from ..shared_state.worker_info import WorkerInfo
+from ..storage.csv_logs import printable
 from ..storage.faults import ExperimentFault, disk_fault
 from ..storage.layout import Layout, run_index, run_name
 from .building import register_failed
@@ -47,13 +51,15 @@ _PYTHON = OpSource(OpOrigin.PYTHON)
 @dataclass(frozen=True)
 class QueuedOp:
     """An op waiting for the next boundary: its text as sent (what the log shows) and, when
-    the sender had it as data (a policy's decision), the op itself, not parsed again."""
+    the sender had it as data (a policy's decision), the op itself, not parsed again;
+    ``refusal``: why it is no op at all (an op file that could not be read), its answer."""
 
     source: OpSource
     run: str
     text: str
     reason: str | None = None
     op: Op | None = None
+    refusal: str | None = None
 
     def parsed(self) -> Op:
         return self.op if self.op is not None else parse_op(self.text)
@@ -88,7 +94,15 @@ class OpsDesk:
         self.worker = worker
         self.slots = slots
         self.clones = clones
-        self.op_log: list[OpRecord] = []
+        # The ops handled so far, by this process and the experiment's earlier ones (a
+        # re-run's log goes on from ops.csv, as its runs do from the shared state).
+        try:
+            self.op_log: list[OpRecord] = read_op_rows(layout.ops_log)
+        except (OSError, ValueError) as err:
+            warnings.warn(f"{layout.ops_log} was not read ({err}); trainer.op_log starts "
+                          "empty, new ops are still appended to it", RuntimeWarning,
+                          stacklevel=4)
+            self.op_log = []
         self.policy = policy
         self._turns = turns
         self._shared = shared
@@ -184,16 +198,20 @@ class OpsDesk:
         # An op file stays in the inbox until its op is answered (a crash in between
         # applies it again at the next train(), never loses it).
         mail = self._inbox.take()
-        pending += [QueuedOp(OpSource(OpOrigin.CLI), item.run, item.op) for item in mail]
+        pending += [QueuedOp(OpSource(OpOrigin.CLI), item.run, item.op, refusal=item.problem)
+                    for item in mail]
         mail_at = {len(pending) - len(mail) + i: item for i, item in enumerate(mail)}
         # A person's op on a run wins over a policy's at the same boundary.
         by_person = {q.run for q in pending if not q.source.automatic}
         records = []
         for position, queued in enumerate(pending):
             result = self._answer(queued, by_person)
-            # Text at the edges: the log, ops.csv, the run's tags.
+            # Text at the edges: the log, ops.csv, the run's tags. The log's is printable
+            # (a NUL or RTL override sent in a tag is shown escaped, in ops.csv and the
+            # report alike); the tag is answered with the text it holds.
             source, run, text = str(queued.source), queued.run, queued.text
-            record = OpRecord.now(source, run, text, str(result))
+            record = OpRecord.now(source, printable(run), printable(text),
+                                  printable(str(result)))
             records.append(record)
             self.op_log.append(record)
             append_op_row(record, self.layout.ops_log)
@@ -210,6 +228,8 @@ class OpsDesk:
     def _answer(self, queued: QueuedOp, by_person: set[str]) -> OpResult:
         """Apply one op; what it did, or why not."""
         source = queued.source
+        if queued.refusal is not None:
+            return OpResult(OpOutcome.ERROR, queued.refusal)
         if source.automatic and queued.run in by_person:
             return OpResult(OpOutcome.SKIPPED, "a person's op on this run wins")
         try:
@@ -260,7 +280,8 @@ class OpsDesk:
         # cloning at once never pick the same one, and the others learn how to build it.
         with self.store.transaction() as st:
             name = run_name(next_run_index(st.runs, self.slots))
-            clone = self.clones.make(slot, op, name=name, trusted=trusted)
+            with self._no_folder_left(name):
+                clone = self.clones.make(slot, op, name=name, trusted=trusted)
             st.add_run(clone.name, len(clone.plan), clone.json_knobs())
             if clone.gang:
                 st.gang_size[clone.name] = clone.gang
@@ -272,6 +293,21 @@ class OpsDesk:
             self._shared.sync(st)
         self._replanned()
         return f"created {clone.name}" + (f" warm-started from {run}" if op.warm else "")
+
+    @contextlib.contextmanager
+    def _no_folder_left(self, name: str) -> Iterator[None]:
+        """A clone refused after its trainer was built (a warm start with nothing to start
+        from) leaves none of its folders: the empty ones its build made are removed (a
+        folder with a file in it, or one that was there before, stays)."""
+        folders = [self.layout.final_dir(name), self.layout.run_dir(name)]
+        made = [f for f in folders if not os.path.lexists(f)]
+        try:
+            yield
+        except BaseException:
+            for folder in made:  # the deepest first; rmdir never removes a file or a link's
+                with contextlib.suppress(OSError):  # target, and fails on a folder in use
+                    os.rmdir(folder)
+            raise
 
     def build_clone_from_store(self, name: str, info: dict[str, str]) -> None:
         """Build the clone ``name`` another worker (or an earlier session) made, from its

@@ -313,7 +313,7 @@ class RunSlot:
         state = self.latest_trainer_state()
         if state is None:  # failed before its trainer existed, or not built yet
             return RunResult(self.name, dict(self.knobs), self.state.status,
-                             self.state.global_step, str(self.run_dir), {},
+                             self.state.global_step, str(self.final_dir.parent), {},
                              self.outcome.error or self.state.error)
         metrics = latest_metrics(state.log_history)
         if self.outcome.train_output is not None:
@@ -326,7 +326,9 @@ class RunSlot:
             knobs=dict(self.knobs),
             status=self.state.status,
             global_step=int(state.global_step),
-            output_dir=str(self.run_dir),
+            # Its folder, where final/ is (the one config of an experiment trains in the
+            # experiment's output_dir, as plain TRL would, and keeps final/ in runs/<run>).
+            output_dir=str(self.final_dir.parent),
             metrics=metrics,
             error=self.outcome.error or self.state.error,
             last_op=self.last_op,

@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from ..shared_state.runs import RunStatus
+from ..shared_state.runs import INTERRUPTED, RunStatus
 from ..tracking.tags import PROGRESS_TAG, STATUS_TAG
 from ..tracking.tracker import Tracker
 from .records import RunSlot
@@ -57,6 +57,9 @@ class Reporter:
     def __init__(self, tracker: Tracker | None = None) -> None:
         self.tracker = tracker
         self._leader = False  # this worker speaks for the experiment (its parent run)
+        # Runs whose status tag says "interrupted" (a run() call ended without finishing):
+        # running again from the next call on.
+        self._interrupted: list[str] = []
         if tracker is not None:
             # MLflow's work (the store opened, the runs registered) waits while the main thread
             # builds the runs: the tracking thread's Python would take the GIL from it (128
@@ -97,6 +100,10 @@ class Reporter:
         """A ``run()`` call begins; ``polling``: this worker applies ops from tags."""
         self._leader = polling
         if self.tracker is not None:
+            # In the rotation again (a re-run's runs are reported when registered).
+            for name in self._interrupted:
+                self.tracker.set_tags(name, {STATUS_TAG: RunStatus.RUNNING.value})
+            self._interrupted = []
             self.tracker.active.clear()  # until the first chunk computes (see __init__)
             self.tracker.resume()
             if polling:
@@ -124,6 +131,12 @@ class Reporter:
         for slot in slots:
             if slot.state.status in (RunStatus.STOPPED, RunStatus.DELETED):
                 self.tracker.end_run(slot.name, slot.state.status.value)
+            elif (outcome != "finished" and self._leader
+                  and slot.state.status == RunStatus.RUNNING):
+                # In the rotation of an experiment that stopped training: the views say so
+                # (shared_state.runs.shown_status) until a re-run trains it again.
+                self.tracker.set_tags(slot.name, {STATUS_TAG: INTERRUPTED})
+                self._interrupted.append(slot.name)
         if self._leader:
             if outcome == "finished" and slots and all(
                     s.state.status == RunStatus.FAILED for s in slots):

@@ -249,7 +249,8 @@ class Turns:
             if slot.turn.resume_from is not None:
                 kwargs["resume_from_checkpoint"] = str(slot.turn.resume_from)
             slot.outcome.train_output = slot.live_trainer().train(**kwargs)
-            check_finite(slot, int(slot.live_trainer().state.global_step))
+            check_finite(slot, int(slot.live_trainer().state.global_step),
+                         runs=len(self.slots))
             self._write_final(slot)
         except Aborted:
             pass

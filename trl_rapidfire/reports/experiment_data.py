@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..control.folder_control import alive
+from ..shared_state.runs import shown_status
 from ..shared_state.state_file import FileStore
 from ..shared_state.store import StoreError
 from ..storage.csv_logs import read_rows, utc_seconds
@@ -305,6 +307,8 @@ def load_experiment(
         root / "schedule.csv").is_file() else []
     ops = sorted(read_ops(root / "ops.csv"), key=lambda o: o.time)
     state = _scheduler_runs(root)
+    # A run in the rotation of an experiment no process trains now reads "interrupted".
+    training = alive(Layout(root)) is not None
 
     keys = [TRAIN_METRIC, metric]
     if not metric.startswith("eval_"):
@@ -331,6 +335,8 @@ def load_experiment(
             logged = [s for series in history.values() for s, _ in series]
             steps = max([c.end_step for c in mine] + logged, default=None)
         status = rec.get("status") if isinstance(rec.get("status"), str) else tags.get(name)
+        if status is not None:
+            status = shown_status(status, training=training)
         knobs = rec.get("knobs")
         if not isinstance(knobs, dict):
             knobs = {}

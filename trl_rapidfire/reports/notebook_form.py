@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..control.ops import OpRecord
+from ..control.ops import OP_DEPTH, OpRecord
 from ..shared_state.runs import RunStatus
+from ..storage.outside_text import OP_TEXT_BYTES, NotJSON, loads
 from .display import differing_keys
 from .report import format_value
 from .results import RunResult
@@ -65,12 +66,20 @@ def widgets() -> Any:
     return ipywidgets
 
 
-def parse_field(text: str) -> Any:
+def parse_field(text: str, what: str = "the field") -> Any:
     """A form field's value: JSON where it parses (``1e-4`` is the float ``0.0001``, ``16``
-    an int, ``true`` a bool), else the text itself (``cosine`` needs no quotes)."""
+    an int, ``true`` a bool), else the text itself (``cosine`` needs no quotes).
+
+    Held to an op's bounds before it is parsed (its length, and a nesting of at most
+    ``OP_DEPTH``): ``[[[[...`` a few thousand deep would raise ``RecursionError`` from inside
+    the parser.
+
+    Raises:
+        ValueError: the text is too long or nests too deeply (the message names ``what``).
+    """
     try:
-        return json.loads(text)
-    except ValueError:
+        return loads(text, what=what, max_bytes=OP_TEXT_BYTES, max_depth=OP_DEPTH)
+    except NotJSON:
         return text
 
 
@@ -181,13 +190,14 @@ class CloneForm:
         """The overrides the form holds: each changed field, parsed, then the "more" object.
 
         Raises:
-            ValueError: "more" is not a JSON object.
+            ValueError: "more" is not a JSON object, or a field is too long or too deep.
         """
-        out = {name: parse_field(field.value.strip()) for name, field in self.fields.items()
+        out = {name: parse_field(field.value.strip(), f"the field {name!r}")
+               for name, field in self.fields.items()
                if field.value.strip() and field.value.strip() != self._filled.get(name)}
         more = self.more.value.strip()
         if more:
-            extra = parse_field(more)
+            extra = parse_field(more, 'the field "more"')
             if not isinstance(extra, dict):
                 raise ValueError(f'"more" must be a JSON object, got {more!r}')
             out.update(extra)

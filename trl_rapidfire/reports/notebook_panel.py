@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..control.ops import OpRecord
-from ..shared_state.runs import RunStatus
+from ..shared_state.runs import RunStatus, shown_status
 from .notebook_form import (
     AskedOp,
     CloneForm,
@@ -137,7 +137,7 @@ class NotebookPanel:
             self._draw_header(runs, signature[0], signature[2])
             self.form.set_runs(runs)
             self._draw_rows(runs, log)
-            self.table.value = self._table_html(runs)
+            self.table.value = self._table_html(runs, signature[2])
             self._draw_plot(runs, signature[0])
             self._drawn = signature
             # Training seen, by a poll or a refresh: its end, once drawn, ends the polling.
@@ -154,7 +154,8 @@ class NotebookPanel:
         total = _total_chunks(self._trainer)
         counts: dict[str, int] = {}
         for run in runs:
-            counts[run.status.value] = counts.get(run.status.value, 0) + 1
+            shown = shown_status(run.status, training=training)
+            counts[shown] = counts.get(shown, 0) + 1
         state = ", ".join(f"{n} {status}" for status, n in counts.items())
         of = f" of {total}" if total is not None else ""
         self.header.value = (f"<b>{done}</b>{of} chunks trained &middot; {len(runs)} runs "
@@ -163,10 +164,10 @@ class NotebookPanel:
         self.bar.max = max(total if total is not None else done, 1)
         self.bar.value = min(done, self.bar.max)
 
-    def _table_html(self, runs: Sequence[RunResult]) -> str:
+    def _table_html(self, runs: Sequence[RunResult], training: bool) -> str:
         knobs = differing_knobs(runs)
         head = ["run", "status", "steps", "loss", "eval_loss", *knobs, "last op"]
-        rows = [[run.name, run.status.value, str(run.global_step),
+        rows = [[run.name, shown_status(run.status, training=training), str(run.global_step),
                  format_value(run.metrics.get("loss")), format_value(run.metrics.get("eval_loss")),
                  *(format_value(run.knobs.get(k)) for k in knobs), run.last_op or ""]
                 for run in runs]

@@ -14,6 +14,16 @@ break, so each is named, says why, and has a public fallback.
   torch 1.0, and what ``ModuleDict.__setitem__`` ends with.
 * datasets: ``Dataset._fingerprint``, what identifies a dataset between two launches of a
   script (datasets has no public name for it); without one, the dataset's length.
+* transformers' Trainer: ``_tr_loss`` (the loss summed since the last log), ``_total_loss_scalar``
+  (the logged sums, ``train_loss``'s numerator) and ``_globalstep_last_logged`` (the step the
+  next logged ``loss`` averages from), which ``_inner_training_loop`` sets afresh at the start of
+  every ``train()``; TRL's trainers: ``_metrics`` (each metric's values since the last log,
+  averaged when it logs) and ``_total_train_tokens`` (SFT's and DPO's ``num_tokens``), set
+  afresh by each new trainer. None of them is in the Trainer's checkpoint, so a run continued
+  from its boundary checkpoint would log other values than the run trained through
+  (:mod:`trl_rapidfire.trainers.log_state` saves and restores them). Each is read and set only
+  where the trainer has it: without one, that value logs as the Trainer's own resume logs it
+  (counted from the resume), which docs/workers-and-resume.md names.
 """
 
 from __future__ import annotations
@@ -30,9 +40,12 @@ import torch
 __all__ = [
     "PEFT_CHECKED",
     "dataset_fingerprint",
+    "log_carry",
     "peft_fast_switch",
     "put_module_back",
+    "restore_log_carry",
     "set_layer_active_adapter",
+    "total_loss_scalar",
     "wrapper_adapters",
 ]
 
@@ -88,3 +101,76 @@ def dataset_fingerprint(data: Any) -> Any:
     if fingerprint:
         return fingerprint
     return len(data) if hasattr(data, "__len__") else type(data).__name__
+
+
+# The Trainer's own logging state between steps of one train() (see the module docstring).
+_TRAINER_SCALARS = ("_total_loss_scalar", "_globalstep_last_logged")
+
+
+def log_carry(trainer: Any) -> dict[str, Any]:
+    """What ``trainer``'s next logs carry over from the steps already trained, as plain values
+    (exact: a float32 or float64 is a Python float exactly): the loss summed since the last
+    log, the logged sums, the step of the last log, TRL's metric values since the last log and
+    its token count. A name this transformers or TRL lacks is left out."""
+    carry: dict[str, Any] = {}
+    tr_loss = getattr(trainer, "_tr_loss", None)
+    if isinstance(tr_loss, torch.Tensor) and tr_loss.numel() == 1:
+        carry["tr_loss"] = tr_loss.item()  # one device sync, at a boundary
+    for name in _TRAINER_SCALARS:
+        value = getattr(trainer, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            carry[name.lstrip("_")] = value
+    metrics = getattr(trainer, "_metrics", None)
+    if isinstance(metrics, dict):
+        carry["metrics"] = {
+            mode: {key: plain for key, values in by_key.items()
+                   if (plain := _numbers(values)) is not None}
+            for mode, by_key in metrics.items() if isinstance(by_key, dict)}
+    tokens = getattr(trainer, "_total_train_tokens", None)
+    if isinstance(tokens, (int, float)) and not isinstance(tokens, bool):
+        carry["total_train_tokens"] = tokens
+    return carry
+
+
+def _numbers(values: Any) -> list[float | int] | None:
+    """``values`` (a metric's list) as plain numbers, exactly (a one-element tensor by its
+    ``item()``); ``None`` if one is something else (that metric is then not carried over)."""
+    if not isinstance(values, (list, tuple)):
+        return None
+    plain: list[float | int] = []
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None
+        plain.append(value)
+    return plain
+
+
+def restore_log_carry(trainer: Any, carry: dict[str, Any]) -> None:
+    """Put :func:`log_carry`'s values back into ``trainer``, once its ``train()`` has set its
+    own logging state up (``on_train_begin``) and before its first step. Only names the
+    trainer has are set, in place where they are containers (the training loop and TRL hold
+    no other reference, but a defaultdict must stay one)."""
+    tr_loss = getattr(trainer, "_tr_loss", None)
+    if "tr_loss" in carry and isinstance(tr_loss, torch.Tensor) and tr_loss.numel() == 1:
+        with torch.no_grad():
+            tr_loss.fill_(carry["tr_loss"])
+    for name in _TRAINER_SCALARS:
+        if name.lstrip("_") in carry and hasattr(trainer, name):
+            setattr(trainer, name, carry[name.lstrip("_")])
+    metrics = getattr(trainer, "_metrics", None)
+    if isinstance(metrics, dict):
+        for mode, by_key in carry.get("metrics", {}).items():
+            if isinstance(metrics.get(mode), dict):
+                metrics[mode].clear()
+                metrics[mode].update({key: list(values) for key, values in by_key.items()})
+    if "total_train_tokens" in carry and hasattr(trainer, "_total_train_tokens"):
+        trainer._total_train_tokens = carry["total_train_tokens"]
+
+
+def total_loss_scalar(trainer: Any) -> float | None:
+    """The Trainer's sum of the losses logged (and, once training ends, of the rest): what its
+    ``train_loss`` divides; ``None`` where this transformers does not keep it."""
+    value = getattr(trainer, "_total_loss_scalar", None)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -32,6 +32,8 @@ __all__ = [
     "transition",
     "status_op_refusal",
     "RunState",
+    "INTERRUPTED",
+    "shown_status",
 ]
 
 
@@ -70,6 +72,22 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     _S.DELETED: frozenset(),
 }
 """Allowed moves: ``TRANSITIONS[current]`` is the set of statuses ``current`` may move to."""
+
+
+INTERRUPTED = "interrupted"
+"""What views show for a run in the rotation of an experiment that is not training (Ctrl-C,
+a crash, a kill): not a status of the state machine (the run is RUNNING, and a re-run gives it
+its next chunk), but what a person must read instead of "running"."""
+
+
+def shown_status(status: RunStatus | str | None, *, training: bool) -> str:
+    """What a view (``status``, the panels, the report) shows for a run whose status (or
+    status tag) is ``status`` while its experiment is (or is not) ``training``: a run in the
+    rotation of an experiment that is not training is :data:`INTERRUPTED`."""
+    if status is None:
+        return "-"
+    text = status.value if isinstance(status, RunStatus) else str(status)
+    return INTERRUPTED if not training and text == RunStatus.RUNNING.value else text
 
 
 def status_op_refusal(name: str, status: RunStatus, verb: str) -> str | None:

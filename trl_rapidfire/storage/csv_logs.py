@@ -2,6 +2,11 @@
 first row, each row appended whole in one write, and read back skipping what a crash cut
 short.
 
+Text in a log is printable: a control or bidi character (NUL, ESC, a newline, U+202E RIGHT-TO-LEFT
+OVERRIDE), which op text from a tag or an op file may hold, is written as its escape
+(``\\x00``, ``\\u202e``; :func:`printable`), so the file, ``status`` and the report's
+``summary.md`` show what was sent instead of being reordered or cut by it.
+
 Times in ``ops.csv`` and ``schedule.csv`` are ISO-8601 UTC text (``2026-12-05T18:57:03.123456Z``):
 a person opening the file reads when, not ``1796504223.1234567``. Files written before that hold
 ``time.time()`` floats; :func:`utc_seconds` reads both."""
@@ -21,7 +26,8 @@ from typing import Any
 from .outside_text import STATE_BYTES
 from .own_files import append_text, read_bytes
 
-__all__ = ["append_row", "read_csv_rows", "read_rows", "utc_seconds", "utc_text", "whole_micros"]
+__all__ = ["append_row", "printable", "read_csv_rows", "read_rows", "utc_seconds", "utc_text",
+           "whole_micros"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
@@ -68,14 +74,26 @@ def utc_seconds(text: str) -> float:
     return seconds
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (control, format and bidi
+    characters, line and paragraph separators, unassigned code points) written as its Python
+    escape (``\\x1b``, ``\\u202e``); printable text comes back as it is. Applying it twice
+    changes nothing more."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def append_row(path: str | os.PathLike, fields: Sequence[str], row: Mapping[str, Any]) -> None:
-    """Append ``row`` (field -> value) to the log at ``path``, its header first if it is new."""
+    """Append ``row`` (field -> value) to the log at ``path``, its header first if it is new;
+    its text written :func:`printable`."""
     path = Path(path)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(fields), lineterminator="\n")
     if not os.path.lexists(path):
         writer.writeheader()
-    writer.writerow(dict(row))
+    writer.writerow({k: printable(v) if isinstance(v, str) else v for k, v in row.items()})
     path.parent.mkdir(parents=True, exist_ok=True)
     append_text(path, buf.getvalue())  # never through a link left at its path
 

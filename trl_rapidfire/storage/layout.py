@@ -6,6 +6,8 @@ Everything under ``<output_dir>``::
     search.csv                     an adaptive search's proposals and told results
     runs/<run>/                    a run's TRL output_dir (its own checkpoints, logs)
     runs/<run>/final/              its final adapter or model, trainer state, train output
+    runs/<run>/generations/        what it generated at each evaluation (a generation eval)
+    runs/<run>/runs/               its TensorBoard logs (transformers' default logging_dir)
     .rapidfire/scheduler.json      the shared scheduler state (store.py), and its lock
     .rapidfire/experiment.json     which MLflow experiment tracks it (tracking.py)
     .rapidfire/checkpoints/<run>/  its boundary checkpoints (checkpoint-<step>)
@@ -18,7 +20,9 @@ Everything under ``<output_dir>``::
                                    moved aside when this one started (nothing is deleted)
 
 Every path built from a run name is checked to stay inside ``<output_dir>``
-(:func:`trl_rapidfire.storage.names.inside`): names also come from files.
+(:func:`trl_rapidfire.storage.names.inside`): names also come from files. Every folder above
+(each run's too) is checked for links out of ``<output_dir>`` when an experiment is built and
+when it starts training (:meth:`Layout.check_links`).
 """
 
 from __future__ import annotations
@@ -28,12 +32,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .names import UntrustedValue, check_run_name, inside
+from .names import UntrustedValue, check_run_name, inside, is_run_name
 from .own_files import LinkRefused
 
-__all__ = ["Layout", "run_index", "run_name", "run_order"]
+__all__ = ["RUN_SUBFOLDERS", "Layout", "run_index", "run_name", "run_order"]
 
 _PREFIX = "run-"
+# The folders written inside each run's folder: by the package (final/, generations/) and by
+# the Trainer's TensorBoard callback (runs/, transformers' default logging_dir).
+RUN_SUBFOLDERS = ("final", "generations", "runs")
 
 
 def run_name(index: int) -> str:
@@ -158,14 +165,38 @@ class Layout:
         """Refuse (:class:`~trl_rapidfire.storage.names.UntrustedValue`, naming the path) a folder
         of the experiment that is a link leading out of ``output_dir``, and any link where the
         experiment keeps a file: nothing it reads, writes, moves or deletes may lie outside.
-        A few ``lstat`` calls; done when an experiment is built and when it starts training."""
+        A few ``lstat`` calls, and one listing of each folder of run folders; done when an
+        experiment is built and when it starts training."""
         for folder in self.folders():
             self._own(folder)
+        for folder in self.run_folders():
+            # Listed parents first: a real folder in one found inside is inside; only a link
+            # needs resolving (0.2 s for 1000 runs otherwise).
+            if os.path.islink(folder):
+                self._own(folder)
         for path in self.own_files():
             if path.is_symlink():
                 raise LinkRefused(f"{path} is a symbolic link (to {os.readlink(path)}); "
                                   "trl-rapidfire never follows a link where it keeps its own "
                                   "files. Remove the link and run again.")
+
+    def run_folders(self) -> list[Path]:
+        """The folders of the runs already on disk: ``runs/<run>/`` and the folders inside
+        it (:data:`RUN_SUBFOLDERS`), ``.rapidfire/checkpoints/<run>/`` and
+        ``.rapidfire/warm/<run>/``; and ``generations/`` of a one-config experiment, whose run
+        writes in ``output_dir`` itself. Only run names are listed (never a name that could
+        lead elsewhere); one listing of each folder."""
+        found = [self.output_dir / "generations"]
+        for root in (self.runs_root, self.checkpoint_root, self.warm_root):
+            try:
+                names = [e.name for e in os.scandir(self._own(root)) if is_run_name(e.name)]
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for name in sorted(names):
+                found.append(root / name)
+                if root == self.runs_root:
+                    found += [root / name / sub for sub in RUN_SUBFOLDERS]
+        return found
 
     def check_inbox(self) -> None:
         """The op inbox lies inside ``output_dir`` (checked before every read of it)."""

@@ -7,6 +7,12 @@ itself is opened with ``O_NOFOLLOW``: a link in the last component is refused
 (:class:`LinkRefused`, naming the path) instead of followed. Folders are checked separately
 (:meth:`trl_rapidfire.storage.layout.Layout.check_links`): a folder link may stay inside
 ``output_dir``, never lead out of it.
+
+:func:`write_under` is the one write path for a file the package writes below a folder it
+owns (a run's ``generations/``): every folder from that root down to the file is opened
+without following a link (made when missing), and the file is written atomically inside the
+last one, by descriptor. A link anywhere below the root is refused, naming it; swapping a
+folder for a link while the file is written cannot redirect it.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from .names import UntrustedValue
 from .outside_text import MAX_DEPTH, SMALL_FILE_BYTES, OutsideTextError, loads
 
 __all__ = ["LinkRefused", "append_text", "open_nofollow", "read_bytes", "read_json",
-           "write_atomic"]
+           "write_atomic", "write_under"]
 
 
 class LinkRefused(UntrustedValue):
@@ -116,4 +122,72 @@ def write_atomic(path: str | os.PathLike, text: str | bytes, *, fsync: bool = Fa
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        raise
+
+
+def _open_folder(parent_fd: int, name: str, shown: Path) -> int:
+    """The folder ``name`` in the folder ``parent_fd`` (made if missing), opened without
+    following a link."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o755, dir_fd=parent_fd)
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       dir_fd=parent_fd)
+    except OSError as err:
+        if err.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        # Linux says ENOTDIR for a link opened with O_DIRECTORY | O_NOFOLLOW: ask which.
+        with contextlib.suppress(OSError):
+            if stat.S_ISLNK(os.lstat(name, dir_fd=parent_fd).st_mode):
+                raise _refused(shown) from None
+        raise LinkRefused(f"{shown} is not a folder; trl-rapidfire keeps a folder there. "
+                          "Remove it and run again.") from None
+
+
+def write_under(root: str | os.PathLike, path: str | os.PathLike, text: str | bytes) -> None:
+    """Write the file ``path``, which lies below the folder ``root``, whole: the folders
+    between them are made when missing and never followed if they are links
+    (:class:`LinkRefused`, naming the first), the file is written to a fresh temporary name
+    in its folder and renamed over ``path`` (a link at ``path`` is replaced, never
+    followed). ``root`` itself is the caller's to have checked (a run's folder is, by
+    :class:`~trl_rapidfire.storage.layout.Layout`).
+
+    Raises:
+        LinkRefused: a folder below ``root`` is a link or not a folder.
+        UntrustedValue: ``path`` does not lie below ``root``.
+    """
+    root, path = Path(root), Path(path)
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        raise UntrustedValue(f"{path} is not below {root}; refusing to write it") from None
+    if not parts or any(p in ("..", ".") for p in parts):
+        raise UntrustedValue(f"{path} is not a file below {root}; refusing to write it")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        at = root
+        for name in parts[:-1]:
+            at = at / name
+            inner = _open_folder(fd, name, at)
+            os.close(fd)
+            fd = inner
+        _write_in(fd, parts[-1], text)
+    finally:
+        os.close(fd)
+
+
+def _write_in(folder_fd: int, name: str, text: str | bytes) -> None:
+    tmp = f".{name}.tmp-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=folder_fd)  # a leftover of a killed process, or a planted link
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644, dir_fd=folder_fd)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=folder_fd)
         raise

@@ -24,6 +24,7 @@ __all__ = [
     "OP_RESULT_TAG",
     "OP_SEQ_TAG",
     "OP_TAG",
+    "PROCESS_TAG",
     "PROGRESS_TAG",
     "ROLE_TAG",
     "RUN_TAG",
@@ -55,6 +56,9 @@ HEARTBEAT_INTERVAL = 10.0
 # Older than this, a heartbeat is a dead experiment's. Generous: the tracking thread pauses
 # while the engine switches runs (loading a large model can take a minute).
 HEARTBEAT_STALE = 180.0
+# On the parent run too: ``<host>:<pid>`` of the process that trains it. On that host the CLI
+# asks the process itself, so a kill -9 reads "not responding" at once, not after a stale beat.
+PROCESS_TAG = "rapidfire.process"
 
 
 def read_experiment_id(path: str | os.PathLike) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import socket
 import threading
 import time
 import weakref
@@ -52,6 +53,7 @@ from .tags import (
     OP_RESULT_TAG,
     OP_SEQ_TAG,
     OP_TAG,
+    PROCESS_TAG,
     ROLE_TAG,
     RUN_TAG,
     STATUS_TAG,
@@ -335,6 +337,8 @@ class Tracker:
             conn = self._link.get()
             if conn is not None:
                 conn.client.update_run(conn.parent_run_id, status="RUNNING")
+                conn.client.set_tag(conn.parent_run_id, PROCESS_TAG,
+                                    f"{socket.gethostname()}:{os.getpid()}")
                 self._beat()
 
         self._beating = True

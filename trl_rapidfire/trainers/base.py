@@ -31,6 +31,7 @@ from ..runtime.accelerate_state import (
     left_as_found,
     restore_accelerate_state,
 )
+from ..runtime.workers import current_worker
 from ..search.searches import GridSearch, Search
 from ..storage.names import UntrustedValue
 from ..storage.schedule import ChunkRecord
@@ -359,7 +360,8 @@ class RFTrainerMixin:
         experiment's ``output_dir``), in the layout its plain TRL trainer would write."""
         target = output_dir if output_dir is not None else self.args.output_dir
         with self._rf_as_current() as trainer:
-            trainer.save_model(target, _internal_call=_internal_call)
+            if _writes_here(trainer):
+                trainer.save_model(target, _internal_call=_internal_call)
 
     @as_trl_on_runs
     def end(self) -> None:
@@ -404,6 +406,17 @@ class RFTrainerMixin:
 
 for _name in FORWARDED:
     setattr(RFTrainerMixin, _name, forward_to_best_run(_name))
+
+
+def _writes_here(trainer: Any) -> bool:
+    """Whether this worker writes the best run's ``save_model()``: as TRL's ``should_save``
+    under a launch, the main process only (each node's, with ``save_on_each_node``). Every
+    worker runs the script and holds the best run, but its trainer sees a world of one, so its
+    own ``should_save`` is true on every worker: all would write the same folder at once."""
+    worker = current_worker()
+    if not worker.launched or trainer.args.world_size > 1:
+        return True  # alone; or a gang run, whose trainer knows its writers and needs them all
+    return (worker.local_rank if trainer.args.save_on_each_node else worker.rank) == 0
 
 
 def rf_config_from(args: Any, config_class: type[RFConfigMixin],

@@ -36,7 +36,7 @@ import torch
 from transformers import EvalPrediction, GenerationConfig
 
 from ..config.generation import generation_config_from
-from ..storage.own_files import write_atomic
+from ..storage.own_files import write_under
 
 __all__ = ["Example", "GenerationEval", "Scorer", "answer", "examples_of", "exact_match",
            "prompt_ids"]
@@ -163,9 +163,16 @@ class GenerationEval:
             for SFT, ``chosen`` for DPO).
         max_rows: generate for the first this many rows of each eval set (``None``: all).
         saved_rows: how many (prompt, answer, reference) rows of each evaluation are written
-            to ``<run dir>/generations/``.
+            to ``<run dir>/generations/`` (never through a link: a link there, or at
+            ``generations/`` itself, is refused and fails the run, naming it).
         shared_examples: the eval rows read so far, by prefix: one dict shared by the runs
             that read the same sets alike (same ``max_rows``), so each set is read once.
+        folder: the run's folder (``runs/<run>``), where ``generations/`` goes (``None``: the
+            trainer's ``output_dir``). The one config of an experiment trains with the
+            experiment's ``output_dir`` as its TRL one, and keeps its answers in its run
+            folder all the same.
+        root: the experiment's folder, below which ``folder`` is made if missing (never
+            through a link); ``None``: ``folder`` itself, which exists.
     """
 
     config: GenerationConfig
@@ -175,20 +182,23 @@ class GenerationEval:
     max_rows: int | None = None
     saved_rows: int = 8
     shared_examples: dict[str, list[Example]] = field(default_factory=dict, repr=False)
+    folder: Path | None = None
+    root: Path | None = None
     # The prompts' token ids by prefix: the run's own (its tokenizer may be a knob's).
     _prompt_ids: dict[str, list[list[int]]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, config: Any, scorer: Scorer | None, eval_dataset: Any, *,
               reference_column: str, max_rows: int | None, saved_rows: int,
-              shared_examples: dict[str, list[Example]] | None = None) -> GenerationEval:
+              shared_examples: dict[str, list[Example]] | None = None,
+              folder: Path | None = None, root: Path | None = None) -> GenerationEval:
         """From the config fields as the user wrote them (a ``GenerationConfig``, a mapping of
         its fields or their JSON) and the eval set(s) given to the trainer."""
         datasets = ({f"eval_{k}": v for k, v in eval_dataset.items()}
                     if isinstance(eval_dataset, Mapping) else {"eval": eval_dataset})
         return cls(generation_config_from(config, "generation_config"), scorer, datasets,
                    reference_column, max_rows, saved_rows,
-                   {} if shared_examples is None else shared_examples)
+                   {} if shared_examples is None else shared_examples, folder, root)
 
     def examples(self, prefix: str) -> list[Example] | None:
         """The rows evaluated under ``prefix`` (read once), or ``None`` for an eval set this
@@ -227,16 +237,15 @@ class GenerationEval:
                                                 label_ids=[e.reference for e in examples])),
                           scorer)
         if trainer.is_world_process_zero() and self.saved_rows > 0:
-            self._save(Path(trainer.args.output_dir), prefix, step, examples, answers)
+            folder = self.folder or Path(trainer.args.output_dir)
+            self._save(self.root or folder, folder, prefix, step, examples, answers)
         metrics = {k if k.startswith(f"{prefix}_") else f"{prefix}_{k}": v
                    for k, v in scores.items()}
         metrics[f"{prefix}_generation_seconds"] = round(seconds, 4)
         return metrics
 
-    def _save(self, run_dir: Path, prefix: str, step: int, examples: Sequence[Example],
-              answers: Sequence[str]) -> None:
-        folder = run_dir / "generations"
-        folder.mkdir(parents=True, exist_ok=True)
+    def _save(self, root: Path, run_dir: Path, prefix: str, step: int,
+              examples: Sequence[Example], answers: Sequence[str]) -> None:
         lines = []
         for example, text in list(zip(examples, answers))[:self.saved_rows]:
             prompt = example.prompt if isinstance(example.prompt, str) else _text_of(
@@ -247,4 +256,7 @@ class GenerationEval:
                 "reference": None if example.reference is None
                 else example.reference[:_SAVED_CHARS],
             }, ensure_ascii=False))
-        write_atomic(folder / f"{prefix}-step-{step}.jsonl", "\n".join(lines) + "\n")
+        # The one write path below the run's folder: prompts and answers never follow a
+        # link out of the experiment (docs/security.md).
+        write_under(root, run_dir / "generations" / f"{prefix}-step-{step}.jsonl",
+                    "\n".join(lines) + "\n")

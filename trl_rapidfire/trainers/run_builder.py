@@ -95,6 +95,10 @@ class RunBuilder:
         # Callbacks added to (or removed from) every run through the experiment's trainer:
         # applied in order to the trainers built afterwards (planned runs, rebuilds, clones).
         self._callback_changes: list[tuple[str, Any]] = []
+        # A planned run's copies of the trainer's callbacks, taken when it is planned: as if
+        # its trainer were built then (a script may change its callback objects afterwards,
+        # e.g. give them a reference to the experiment's trainer, which cannot be copied).
+        self._planned_callbacks: dict[str, list[Any] | None] = {}
 
     def strategy(self, spec: RunSpec, name: str) -> Any:
         """The run's ``eval_strategy``/``save_strategy`` as the user wrote it (``"chunk"`` is
@@ -123,6 +127,7 @@ class RunBuilder:
             reference_column=getattr(self.trainer_class, "rf_reference_column", "completion"),
             max_rows=max_rows, saved_rows=self.setting(spec, "generation_saved_rows"),
             shared_examples=self._eval_examples.setdefault(max_rows, {}),
+            folder=self.layout.run_dir(spec.name), root=self.layout.output_dir,
         )
 
     # ------------------------------------------------------------------ building a run
@@ -147,6 +152,7 @@ class RunBuilder:
         to be built by :meth:`build_planned` at its first turn."""
         self.specs[spec.name] = spec
         run_dir = self._run_dir(spec)
+        self._planned_callbacks[spec.name] = copy_callbacks(self.shared.get("callbacks"))
         return PlannedRun(plan=plan, **self._run_record(spec, run_dir))
 
     def build_planned(self, name: str) -> NewRun:
@@ -312,7 +318,9 @@ class RunBuilder:
         :class:`GenerationEval`: TRL's evaluation would call it with logits."""
         kwargs = {k: v for k, v in self.shared.items() if k != "quantization_config"}
         kwargs.update(own)
-        kwargs["callbacks"] = copy_callbacks(self.shared.get("callbacks"))
+        kwargs["callbacks"] = (self._planned_callbacks.pop(spec.name)
+                               if spec.name in self._planned_callbacks
+                               else copy_callbacks(self.shared.get("callbacks")))
         generation = self.generation(spec, kwargs.get("compute_metrics"))
         if generation is not None:
             kwargs["compute_metrics"] = None

@@ -19,6 +19,7 @@ from transformers import PrinterCallback, ProgressCallback
 from transformers.integrations import MLflowCallback
 
 from ..storage.checkpoints import commit_folder, start_folder
+from . import log_state
 from .adapter_files import attached_configs_only, save_adapter_alone
 from .generation_eval import GenerationEval
 
@@ -76,6 +77,16 @@ class RunTrainerMixin(_TrainerBase):
             self.remove_callback(NotebookProgressCallback)
         except ImportError:  # pragma: no cover - notebook extras missing
             pass
+        self.add_callback(log_state.RestoreLogs(self))  # a resumed run logs as if never stopped
+
+    def train(self, resume_from_checkpoint: Any = None, **kwargs: Any) -> Any:
+        # The Trainer's, with the logs of the run before its checkpoint continued (log_state).
+        log_state.arm(self, resume_from_checkpoint)
+        return log_state.whole_run_output(self, super().train(resume_from_checkpoint, **kwargs))
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        log_state.whole_run_train_loss(self, logs)  # a resumed run: over all its steps
+        super().log(logs, start_time)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for attributes this trainer lacks: what the user's subclass set on the
@@ -233,6 +244,7 @@ class RunTrainerMixin(_TrainerBase):
             self._save_optimizer_and_scheduler(str(tmp))
             self._save_scaler(str(tmp))
             self._rf_save_rng(tmp, rng)
+            log_state.write_into(self, tmp)  # each member's own
             if self.args.should_save:
                 self._rf_state_to_save().save_to_json(str(tmp / TRAINER_STATE_NAME))
                 torch.save(self.args, tmp / "training_args.bin")
@@ -279,7 +291,8 @@ class RunTrainerMixin(_TrainerBase):
                                             metadata={"format": "pt"})
             files = {"optimizer.pt": _torch_bytes(self.optimizer.state_dict()),
                      "scheduler.pt": _torch_bytes(self.lr_scheduler.state_dict()),
-                     "training_args.bin": _torch_bytes(self.args)}
+                     "training_args.bin": _torch_bytes(self.args),
+                     **log_state.checkpoint_files(self)}
             self._save_scaler(str(tmp))
             self._rf_save_rng(tmp, rng)
             state = self._rf_state_to_save()

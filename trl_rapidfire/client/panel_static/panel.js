@@ -68,7 +68,8 @@ async function call(path, body) {
   const text = await response.text();
   let doc;
   try { doc = JSON.parse(text); } catch (e) { doc = {message: text.slice(0, 300)}; }
-  if (!response.ok) throw new Error(doc.message || `${response.status} ${response.statusText}`);
+  // MLflow's errors say `message`; the panel's own routes answer a refusal with `error`.
+  if (!response.ok) throw new Error(doc.message || doc.error || `${response.status} ${response.statusText}`);
   return doc;
 }
 

@@ -47,7 +47,9 @@ class OptunaSearch(AdaptiveSearch):
             sampler object. With ``None`` or a function each proposal gets a sampler seeded
             from ``seed`` and its trial number, so proposals are the same on a re-run, also
             after a crash; a sampler object is used as it is (its own seed holds only within
-            one uninterrupted process).
+            one uninterrupted process). A ``GridSampler`` (its parameters: the knobs' names)
+            gets one seed for the whole study, proposes each grid point once, and the
+            search ends when every point was proposed (or ``num_runs`` were).
         num_runs: how many runs the sampler proposes in all (>= 1).
         max_concurrent: how many runs train at a time (are in the rotation); a new one is
             proposed whenever one leaves it (>= 1).
@@ -104,11 +106,50 @@ class OptunaSearch(AdaptiveSearch):
                                               n_startup_trials=min(10, max(2, self.num_runs // 4)))
         if isinstance(self.sampler, optuna.samplers.BaseSampler):
             return self.sampler
+        made = self._made(seed)
+        if isinstance(made, optuna.samplers.GridSampler) and number != 0:
+            # A grid's order is its seed's shuffle, and trial n takes the n-th point of it:
+            # one seed for the whole study (trial 0's), or each trial's sampler would shuffle
+            # another order and propose some points twice and others never.
+            made = self._made(_derive_seed(self.seed, 0))
+        return made
+
+    def _made(self, seed: int) -> Any:
+        """What the sampler function makes for ``seed``, checked to be a sampler."""
+        optuna = require_optuna("OptunaSearch")
         made = self.sampler(seed)
         if not isinstance(made, optuna.samplers.BaseSampler):
             raise SearchError(f"OptunaSearch's sampler function returned {made!r}, not an "
                               "Optuna sampler.")
         return made
+
+    def grid(self, space: SearchSpace) -> dict[str, list[Any]] | None:
+        """The points of a ``GridSampler`` (its search space), checked against ``space``;
+        ``None`` for any other sampler. Raises :class:`SearchError` naming the parameters
+        when the grid's names or values are not the search's: Optuna would fail at the
+        first proposal, or propose a value no knob has."""
+        optuna = require_optuna("OptunaSearch")
+        sampler = self.sampler_for(0)
+        if not isinstance(sampler, optuna.samplers.GridSampler):
+            return None
+        # Optuna keeps the grid only in this attribute (sorted by name, values as given).
+        grid = {str(k): list(v) for k, v in getattr(sampler, "_search_space", {}).items()}
+        names = sorted(space.distributions)
+        if sorted(grid) != names:
+            raise SearchError(
+                f"OptunaSearch's GridSampler has the parameters {sorted(grid)}; this search's "
+                f"are {names} (a knob's name; a zip group's names joined with '+', its values "
+                "the candidates' positions 0, 1, ...). Give the grid exactly these, or use our "
+                "own grid search: the knobs as List([...]) and no search= (GridSearch).")
+        for name, values in grid.items():
+            bad = [v for v in values if not space.holds(name, v)]
+            if bad or not values:
+                raise SearchError(
+                    f"OptunaSearch's GridSampler gives {name!r} the values {bad or values!r}, "
+                    f"which are not values of its knob ({space.distributions[name]}). Use "
+                    "values of the knob, or our own grid search: the knobs as List([...]) "
+                    "and no search= (GridSearch).")
+        return grid
 
     @property
     def sampler_name(self) -> str:
@@ -126,7 +167,9 @@ class OptunaSearch(AdaptiveSearch):
         if not axes:
             raise SearchError("OptunaSearch needs at least one knob (a List or a Range) to "
                               "search over.")
-        return SearchSpace(axes, list(all_knobs))
+        space = SearchSpace(axes, list(all_knobs))
+        self.grid(space)  # a GridSampler over other parameters is refused before anything loads
+        return space
 
     def describe(self, rf_config: Any, **trainer_level: Any) -> Any:
         """The sampler, seed, metric, direction, every knob, and the config with each knob
@@ -163,7 +206,7 @@ class OptunaSearch(AdaptiveSearch):
         book = StudyBook(space, layout, sampler_for=self.sampler_for,
                          sampler_name=self.sampler_name, num_runs=self.num_runs,
                          max_concurrent=self.max_concurrent, metrics=self.metrics,
-                         directions=self.directions)
+                         directions=self.directions, grid=self.grid(space))
         specs = [Search.build_run(p.name, run_index(p.name) or 0, p.knobs, rf_config,
                                   trainer_level) for p in book.first_runs()]
         return specs, book

@@ -81,6 +81,19 @@ class SearchSpace:
             chosen.update(axis.values(index))
         return {n: chosen[n] for n in self.order}
 
+    def holds(self, name: str, value: Any) -> bool:
+        """Whether ``value`` is a value of parameter ``name``'s distribution (of its type:
+        ``1`` is not the candidate ``1.0``, nor ``True``)."""
+        dist = self.distributions[name]
+        if hasattr(dist, "choices"):
+            return any(type(c) is type(value) and c == value for c in dist.choices)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            return False
+        if isinstance(dist, require_optuna("OptunaSearch").distributions.IntDistribution) \
+                and value != int(value):
+            return False
+        return bool(dist.low <= value <= dist.high)
+
     def params(self, knobs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | str:
         """Optuna's params and distributions for a run with these ``knobs`` (a clone's: its
         parent's values and a person's overrides), or why they cannot be written so. A value

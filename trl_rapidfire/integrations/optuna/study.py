@@ -42,9 +42,12 @@ from ...storage.own_files import open_nofollow
 from .space import SearchSpace, params_text
 from .support import quiet_optuna, require_optuna
 
-__all__ = ["STUDY_NAME", "SEARCH_LOG_FIELDS", "StudyBook"]
+__all__ = ["SAMPLER_DONE", "STUDY_NAME", "SEARCH_LOG_FIELDS", "StudyBook"]
 
 STUDY_NAME = "trl-rapidfire"
+# A study attribute: the sampler called Study.stop() (a GridSampler once every point was tried,
+# a BruteForceSampler once its space was): it proposes nothing more, also after a re-run.
+SAMPLER_DONE = "rapidfire.sampler_done"
 # A proposal's params are {name: number, name or index}: one level, and no more is read.
 _PARAMS_DEPTH = 2
 SEARCH_LOG_FIELDS = ("time", "event", "run", "trial", "detail")
@@ -62,17 +65,21 @@ class StudyBook:
         max_concurrent: how many runs train at a time.
         metrics, directions: the study's objectives (logged metrics) and their directions;
             several make a multi-objective study.
+        grid: a ``GridSampler``'s points ({parameter: values}), or ``None``: the search then
+            proposes each point once and ends when every point was proposed.
     """
 
     def __init__(self, space: SearchSpace, layout: Layout, *, sampler_for: Callable[[int], Any],
                  sampler_name: str, num_runs: int, max_concurrent: int,
-                 metrics: Sequence[str], directions: Sequence[str]) -> None:
+                 metrics: Sequence[str], directions: Sequence[str],
+                 grid: Mapping[str, Sequence[Any]] | None = None) -> None:
         optuna = require_optuna("OptunaSearch")
         self._optuna = optuna
         self.space = space
         self.sampler_for, self.sampler_name = sampler_for, sampler_name
         self.num_runs, self.max_concurrent = num_runs, max_concurrent
         self.metrics, self.directions = tuple(metrics), tuple(directions)
+        self.grid = None if grid is None else {k: list(v) for k, v in sorted(grid.items())}
         layout.state_dir.mkdir(parents=True, exist_ok=True)
         self.path = layout.study_journal
         self.log_path = layout.search_log
@@ -143,12 +150,32 @@ class StudyBook:
         now, or found in the study when another worker or an earlier session asked)."""
         count = min(self.max_concurrent, self.num_runs)
         with self._locked():
-            return [self._propose(run_name(i)) for i in range(count)]
+            known = self._by_run()
+            # A grid smaller than the rotation: the places beyond its points stay empty.
+            return [self._propose(name) for name in map(run_name, range(count))
+                    if name in known or self.more()]
 
     def more(self) -> bool:
-        """Whether the sampler has proposals left (``num_runs`` counts them)."""
-        proposed = sum(1 for t in self._trials() if t.user_attrs.get("proposed"))
-        return proposed < self.num_runs
+        """Whether the sampler has proposals left: ``num_runs`` counts them; a grid ends
+        once each of its points was proposed, any sampler once it called ``Study.stop``."""
+        trials = self._trials()
+        proposed = sum(1 for t in trials if t.user_attrs.get("proposed"))
+        if proposed >= self.num_runs or self.study.user_attrs.get(SAMPLER_DONE):
+            return False
+        return self.grid is None or self._grid_points_left(trials) > 0
+
+    def _grid_points_left(self, trials: Sequence[Any]) -> int:
+        """The grid's points no trial was given yet. GridSampler gives trial n < its size the
+        n-th point and a later one an unvisited point, and records it in the trial's system
+        attributes (``grid_id``, with the grid it is of); a running trial's point counts as
+        given, so two running runs never share one."""
+        assert self.grid is not None
+        size = 1
+        for values in self.grid.values():
+            size *= len(values)
+        given = {t.system_attrs["grid_id"] for t in trials if "grid_id" in t.system_attrs
+                 and t.system_attrs.get("search_space") == self.grid}
+        return size - len(given)
 
     def propose(self, name: str) -> Proposal:
         """The next run, ``name``: the sampler's next trial."""
@@ -251,8 +278,7 @@ class StudyBook:
                 self.storage.set_trial_user_attr(self._trial_id(trial.number), "status",
                                                  history.status.value)
                 self.study.sampler = self.sampler_for(trial.number)
-                with quiet_optuna():
-                    self.study.tell(trial.number, values, state=state)
+                self._tell(trial.number, values, state)
                 number = trial.number
             else:
                 number = self._add(history, state, values, finite)
@@ -267,6 +293,21 @@ class StudyBook:
         if front is not None:
             self._log("front", "", "", " ".join(front))
         return f"trial {number}: {told}"
+
+    def _tell(self, number: int, values: list[float] | None, state: Any) -> None:
+        """``study.tell``, where a sampler that is done may call ``Study.stop()``: Optuna
+        allows that only inside ``study.optimize`` and raises ``RuntimeError`` here, after
+        storing the trial (in a ``finally``; Optuna's advice for ask-and-tell, issue 4121, is
+        to catch it). The search then proposes nothing more, as ``optimize`` would stop."""
+        with quiet_optuna():
+            try:
+                self.study.tell(number, values, state=state)
+            except RuntimeError as err:
+                if "Study.stop" not in str(err):
+                    raise
+                self.study.set_user_attr(SAMPLER_DONE, number)
+                self._log("done", "", number, f"{self.sampler_name} stopped the study: every "
+                          "point of its space was tried")
 
     def _front(self) -> list[str]:
         """The runs of the Pareto front: Optuna's best trials of a multi-objective study."""
