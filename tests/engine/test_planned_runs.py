@@ -148,3 +148,24 @@ def test_a_rerun_serves_the_best_run_finished_earlier_from_its_files(tmp_path):
     want = load_file(out / "runs" / best / "final" / "adapter_model.safetensors")
     got = load_file(tmp_path / "best" / "adapter_model.safetensors")
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+
+def test_a_planned_runs_recorded_config_is_what_a_built_runs_would_be(tmp_path, monkeypatch):
+    # MLflow records each run's config (and `trl-rapidfire status` shows the fields that
+    # differ as knobs): the runs built at their first turn differ from the first one, built
+    # up front, in their knobs and folders only.
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    rf = _experiment(tmp_path / "exp", report_to="mlflow")
+    assert _planned(rf) == ["run-1", "run-2"]
+    rf.train()
+    client = MlflowClient(uri)
+    params = {}
+    for name in ("run-0", "run-1"):
+        params[name] = client.get_run(rf.engine.tracker.run_id(name)).data.params
+    differ = {k for k in params["run-0"] | params["run-1"]
+              if params["run-0"].get(k) != params["run-1"].get(k)}
+    assert "learning_rate" in differ and differ <= {"learning_rate", "output_dir", "logging_dir"}

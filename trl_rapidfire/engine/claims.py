@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from .records import RunSlot
 
-__all__ = ["Claim", "Done", "GangWait", "Retry", "Turn", "Wait"]
+__all__ = ["Claim", "Done", "GangWait", "Retry", "Turn", "Wait", "ready_call"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,3 +59,10 @@ class GangWait(enum.Enum):
     READY = "ready"  # every member joined: train the chunk together
     BROKEN = "broken"  # a member is gone: the chunk will be trained again
     TIMED_OUT = "timed out"  # the gang did not form in time: the run failed
+
+
+def ready_call(token: str, launch: str) -> int:
+    """The ``run()`` call of the shared state's ready token (``<launch>#<call>``, set by a
+    launch's first worker as each call starts); 0 for another launch's."""
+    head, _, call = token.rpartition("#")
+    return int(call) if head == launch and call.isdigit() else 0

@@ -37,7 +37,7 @@ from ..shared_state.worker_info import WorkerInfo
 from ..storage.faults import checkpoint_fault
 from ..storage.schedule import ChunkRecord, ScheduleAppender, read_schedule_csv, write_schedule_csv
 from .catch_up import catch_up_from_disk
-from .claims import Claim, Done, GangWait, Retry, Turn, Wait
+from .claims import Claim, Done, GangWait, Retry, Turn, Wait, ready_call
 from .faults import FaultNote
 from .lifetime import WallClock
 from .policy_view import MovedRuns
@@ -225,19 +225,19 @@ class Coordinator:
         """Claim the next (run, chunk), recording in the same transaction the chunks whose
         checkpoints are on disk."""
         claimed = write = None
-        # Not fsync'd: a claim is soft state (a crash loses the lease, not work), and the
-        # records that must be durable were committed by the writer already.
+        # Not fsync'd: a claim is soft state (the writer committed what must be durable).
         with self._transaction(durable=False) as st:
             finished = self._record_finishes(st)
             clones = self._unbuilt_clones(st)
             # Under a launch nothing trains before the first worker has applied the ops its
-            # script queued before train() (e.g. a stop).
-            # Per train() call: a script that stops, resumes and trains again queues ops
-            # before each call, and every worker makes the same calls.
+            # script queued before this train() call (e.g. a stop; every worker makes the same
+            # calls). A worker still in an earlier call than the first one's has nothing left
+            # in it (held, it would wait for the later call's claims forever): it is done.
             token = f"{self.worker.launch}#{self._train_calls}"
             held = self.worker.launched and st.ready != token
             if held and self.worker.rank == 0:
                 st.ready, held = token, False
+            behind = held and ready_call(st.ready, self.worker.launch) > self._train_calls
             writing = {e.slot.name: e.committed for e in self._pending
                        if e.committed is not None}
             if not clones and not held and writing:
@@ -250,8 +250,7 @@ class Coordinator:
                                      lease_seconds=self.lease_seconds, pick=self._choose)
             # Runs this worker holds volatile that an idle worker could take: written first.
             handed = tuple(self.slots[n] for n in handoff(st, self.worker.id) if n in self.slots)
-            # A search that may still add runs: nobody leaves while it can; nor while runs
-            # held by other workers may be handed over.
+            # Nobody leaves while a search may still add runs, or others' runs be handed over.
             waiting = st.live_claims() or st.searching or self.worker.id in st.idle
             self.sync(st)
         recorded = tuple(finished)
@@ -262,7 +261,7 @@ class Coordinator:
         if claimed is not None:
             self._claimed = claimed
             return Turn(self.slots[claimed[0]], claimed[1], recorded=recorded, handoff=handed)
-        if waiting or held:
+        if (waiting or held) and not behind:
             return Wait(recorded=recorded, handoff=handed)
         return Done(recorded=recorded, handoff=handed)
 
@@ -498,3 +497,4 @@ class Coordinator:
                 slot.turn.local_chunks = -1
                 self._resync(slot)
             self.sync(st)
+

@@ -99,6 +99,9 @@ class RunBuilder:
         # its trainer were built then (a script may change its callback objects afterwards,
         # e.g. give them a reference to the experiment's trainer, which cannot be copied).
         self._planned_callbacks: dict[str, list[Any] | None] = {}
+        # Each run's model load arguments as its config gave them (the config's are cleared
+        # when the pool loads the model: see _prepare).
+        self._init_kwargs: dict[str, dict[str, Any]] = {}
 
     def strategy(self, spec: RunSpec, name: str) -> Any:
         """The run's ``eval_strategy``/``save_strategy`` as the user wrote it (``"chunk"`` is
@@ -151,7 +154,7 @@ class RunBuilder:
         """``spec`` registered with ``plan`` (that of a run already built, see :meth:`defers`),
         to be built by :meth:`build_planned` at its first turn."""
         self.specs[spec.name] = spec
-        run_dir = self._run_dir(spec)
+        run_dir = self._prepare(spec)
         self._planned_callbacks[spec.name] = copy_callbacks(self.shared.get("callbacks"))
         return PlannedRun(plan=plan, **self._run_record(spec, run_dir))
 
@@ -160,11 +163,23 @@ class RunBuilder:
         :meth:`~trl_rapidfire.engine.RunFactory.build_planned`)."""
         return self.build(self.specs[name])
 
-    def _run_dir(self, spec: RunSpec) -> Path:
-        """The run's TRL ``output_dir``, set in its config. One config: its files where its
-        TRL trainer puts them (checkpoints in output_dir)."""
+    def _prepare(self, spec: RunSpec) -> Path:
+        """Set in the run's config what the experiment decides rather than TRL, the same
+        whether its trainer is built now or at its first turn (its config is what the
+        tracker records): its TRL ``output_dir`` (returned; one config: its files where its
+        TRL trainer puts them, checkpoints in output_dir), no pinned memory without an
+        accelerator, and the model's load arguments taken by the pool (kept for the build)."""
+        config = spec.config
         run_dir = self.layout.output_dir if self.single else self.layout.run_dir(spec.name)
-        spec.config.output_dir = str(run_dir)
+        config.output_dir = str(run_dir)
+        if config.dataloader_pin_memory and not _accelerator_available():
+            # Nothing to pin for: torch pins nothing then, and warns each time a run's
+            # DataLoader starts an epoch (the Trainer's catch_warnings re-arm the warning).
+            config.dataloader_pin_memory = False
+        if spec.name not in self._init_kwargs and not is_gang_config(config):
+            self._init_kwargs[spec.name] = dict(config.model_init_kwargs or {})
+            if isinstance(spec.trainer_kwargs.get("model"), str):
+                config.model_init_kwargs = None  # loaded once by the pool, not by each trainer
         return run_dir
 
     def change_callbacks(self, verb: str, callback: Any) -> None:
@@ -176,24 +191,18 @@ class RunBuilder:
         """Load (or share) the run's model, add its adapter, build its trainer."""
         self.specs[spec.name] = spec
         config = spec.config
-        run_dir = self._run_dir(spec)
-        if config.dataloader_pin_memory and not _accelerator_available():
-            # Nothing to pin for: torch pins nothing then, and warns each time a run's
-            # DataLoader starts an epoch (the Trainer's catch_warnings re-arm the warning).
-            config.dataloader_pin_memory = False
+        run_dir = self._prepare(spec)
         if is_gang_config(config):
             return self._build_gang(spec, run_dir)
         model = spec.trainer_kwargs["model"]
         peft_config = spec.trainer_kwargs.get("peft_config")
-        init_kwargs = dict(config.model_init_kwargs or {})
+        init_kwargs = dict(self._init_kwargs[spec.name])
         quantization_config = self.shared.get("quantization_config")
         if quantization_config is not None and isinstance(model, str):
             init_kwargs["quantization_config"] = quantization_config
         group = self.pool.group(model, peft_config=peft_config, model_init_kwargs=init_kwargs,
                                 trust_remote_code=config.trust_remote_code)
         group.runs.append(spec.name)
-        if isinstance(model, str):
-            config.model_init_kwargs = None  # loaded once by the pool, not by each trainer
         _check_group_agrees(group, spec.name, config)
         if config.neftune_noise_alpha is not None and len(group.runs) > 1:
             raise RFConfigError(
@@ -392,6 +401,8 @@ class RunBuilder:
     def undo(self, name: str) -> None:
         """Take back a run whose build failed half-way (its adapter, its group entry)."""
         self.specs.pop(name, None)
+        self._init_kwargs.pop(name, None)
+        self._planned_callbacks.pop(name, None)
         index = run_index(name)
         for group in self.pool.groups.values():
             if name in group.runs:

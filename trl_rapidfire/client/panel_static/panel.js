@@ -230,7 +230,11 @@ function drawTable() {
     const row = rowOf(run);
     const {cells, buttons} = row;
     cells.link.href = `${ROOT}#/experiments/${exp.eid}/runs/${run.id}`;
-    setCell(cells.status, run.status, `status status-${run.status}`);
+    // In the rotation of an experiment that is not training (a Ctrl-C, a kill): interrupted,
+    // as `trl-rapidfire status` and the report say (shared_state/runs.py shown_status).
+    const shown = exp.state !== "training" && run.status === "running" ? "interrupted"
+      : run.status;
+    setCell(cells.status, shown, `status status-${shown}`);
     setCell(cells.progress, run.progress);
     setCell(cells.loss, metricText(run, "loss"));
     setCell(cells.eval, metricText(run, "eval_loss"));

@@ -92,11 +92,11 @@ class PopulationBased(Policy):
         boundary = at.value_at(at.arrived - 1 - cut)
         if not ((mine > boundary) if self.mode == "min" else (mine < boundary)):
             return []
-        top = [name for name in reversed(at.best(cut)) if name != run]
-        if not top:
-            return []
+        # The donor: one of the top ``cut``, drawn worst of them first (the run itself, worse
+        # than the boundary, is never among them; cut <= arrived / 2). Picked by rank, not
+        # from a list of the top runs made at every decision (128 names at 512 runs).
         rng = self._rng(run, chunks)
-        donor = top[rng.randrange(len(top))]
+        donor = at.name_at(cut - 1 - rng.randrange(cut))
         overrides = self._mutate(context.runs[donor].knobs, rng)
         reason = (f"{self.metric} {mine:.4g} in the bottom {self.quantile:g} of "
                   f"{at.arrived} after {chunks} chunks")

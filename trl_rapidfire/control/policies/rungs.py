@@ -112,6 +112,11 @@ class Rung:
         """The value of the arrived run ranked ``rank`` (0: the best)."""
         return self.sign * self._arrived[rank][0]
 
+    def name_at(self, rank: int) -> str:
+        """The arrived run ranked ``rank`` (0: the best; among equal values, later runs
+        first)."""
+        return self._arrived[rank][2]
+
     def best(self, count: int) -> list[str]:
         """The ``count`` best arrived runs, best first (among equal values, later runs
         first)."""
