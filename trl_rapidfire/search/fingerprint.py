@@ -24,14 +24,29 @@ _NOT_FINGERPRINTED = frozenset({"output_dir", "logging_dir", "hub_token", "run_n
 
 
 def experiment_fingerprint(specs: Sequence[RunSpec], shared: dict[str, Any],
-                           search: Any = None) -> str:
+                           search: Any = None,
+                           configs: dict[str, dict[str, Any]] | None = None) -> str:
     """A hash of everything that makes the experiment's runs. ``search``: what identifies an
-    adaptive search (its runs are proposed later, so ``specs`` is empty then)."""
+    adaptive search (its runs are proposed later, so ``specs`` is empty then). ``configs``:
+    filled with each run's ``config.to_dict()`` as read here (what a tracker records of the
+    run, without a second pass over ~200 fields a run)."""
     doc: list[Any] = [] if search is None else [["search", search]]
+    # The runs share most trainer arguments (datasets, the model, a LoRA config): each object
+    # is described once (by identity, while the specs hold it), not once a run.
+    described: dict[int, Any] = {}
+
+    def once(value: Any) -> Any:
+        if id(value) not in described:
+            described[id(value)] = describe(value)
+        return described[id(value)]
+
     for spec in specs:
-        config = config_doc(spec.config)
+        whole = spec.config.to_dict()
+        if configs is not None:
+            configs[spec.name] = whole
+        config = {k: v for k, v in whole.items() if k not in _NOT_FINGERPRINTED}
         doc.append([spec.name, {k: describe(v) for k, v in sorted(spec.knobs.items())},
-                    {k: describe(v) for k, v in sorted(spec.trainer_kwargs.items())}, config])
+                    {k: once(v) for k, v in sorted(spec.trainer_kwargs.items())}, config])
     for key in ("train_dataset", "eval_dataset"):
         doc.append([key, dataset_fingerprint(shared.get(key))])
     text = json.dumps(doc, sort_keys=True, default=repr)

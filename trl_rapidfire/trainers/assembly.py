@@ -94,7 +94,9 @@ def assemble(
         lease = lease_seconds()
     except ValueError as err:
         raise RFConfigError(str(err)) from None
-    store = open_store(layout, experiment_fingerprint(specs, shared_args, described))
+    configs: dict[str, dict[str, Any]] = {}  # each run's config as a dict, read once
+    store = open_store(layout, experiment_fingerprint(specs, shared_args, described, configs))
+    builder.read_configs(configs)
     proposer = None
     if isinstance(search, AdaptiveSearch):
         specs, proposer = search.start(args, layout, **knob_args)
@@ -137,6 +139,7 @@ def assemble(
                 name=spec.name, index=spec.index, knobs=spec.knobs, error=err,
                 run_dir=layout.run_dir(spec.name), group=None,
             )
+    builder.read_configs({})  # what the planned runs did not take is not kept
     if tracker is not None:
         tracker.active.set()  # the runs are built: MLflow's work goes on until train() starts
     slots = list(engine.slots.values())
