@@ -61,6 +61,18 @@ SCRIPT = textwrap.dedent('''
     print("Training completed; best:", trainer.best_run.name, flush=True)
     trainer.save_model(best)
     print("Model saved", flush=True)
+    # TRL's other main-process-only steps: asked, and saving the state (counted writes).
+    print("zero:", trainer.is_world_process_zero(), flush=True)
+    state_save = transformers.TrainerState.save_to_json
+
+    def counted_state(self, json_path):
+        if os.path.dirname(json_path) == os.path.join(out, "runs", trainer.best_run.name):
+            with open(log + ".state", "a") as f:
+                f.write(f"{os.getpid()}\\n")
+        return state_save(self, json_path)
+
+    transformers.TrainerState.save_to_json = counted_state
+    trainer.save_state()
 ''')
 
 
@@ -79,6 +91,12 @@ def test_a_converted_script_under_a_two_process_launch_saves_once(tmp_path):
     assert proc.stdout.count("Model saved") == 2, proc.stdout
     # The folder was written once, by one process.
     assert len(log.read_text().split()) == 1, log.read_text()
+    # One worker is the launch's main process, as one rank of plain TRL's is; the best run's
+    # state was saved once, by it.
+    assert sorted(re.findall(r"zero: (True|False)", proc.stdout)) == ["False", "True"]
+    state_log = Path(str(log) + ".state")
+    assert len(state_log.read_text().split()) == 1, state_log.read_text()
+    assert state_log.read_text().split() == log.read_text().split()
 
     # What plain TRL's save_model writes, holding the best run's adapter.
     plain = SFTTrainer(model=tiny_model_path(), train_dataset=make_sft_dataset(16, seed=3),

@@ -407,6 +407,45 @@ class RFTrainerMixin:
 for _name in FORWARDED:
     setattr(RFTrainerMixin, _name, forward_to_best_run(_name))
 
+# What TRL does on the main process only (it asks its own is_world_process_zero): under a
+# launch every worker holds the best run in a trainer that sees a world of one, so each would
+# write (or push) the same thing; the launch's main process alone does, as in plain TRL.
+_MAIN_PROCESS_ONLY = ("save_state", "save_metrics", "log_metrics", "push_to_hub",
+                      "create_model_card")
+
+
+def _on_the_main_process(name: str) -> Any:
+    forwarded = forward_to_best_run(name)
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _writes_here(self._rf_current()):
+            return None
+        return forwarded(self, *args, **kwargs)
+
+    method.__name__, method.__doc__ = name, forwarded.__doc__
+    return as_trl_on_runs(method)  # a run's own trainer keeps the TRL method
+
+
+def _is_process_zero(local: bool) -> Any:
+    forwarded = forward_to_best_run("is_local_process_zero" if local else "is_world_process_zero")
+
+    def method(self: Any) -> bool:
+        worker, trainer = current_worker(), self._rf_current()
+        if not worker.launched or trainer.args.world_size > 1:  # alone, or a gang's own world
+            return bool(forwarded(self))
+        return (worker.local_rank if local else worker.rank) == 0
+
+    method.__name__ = forwarded.__name__
+    method.__doc__ = ("Whether this is the launch's main process (the node's, ``local``), as "
+                      "plain TRL answers under ``accelerate launch``.")
+    return as_trl_on_runs(method)  # a run's own trainer keeps the TRL method
+
+
+for _name in _MAIN_PROCESS_ONLY:
+    setattr(RFTrainerMixin, _name, _on_the_main_process(_name))
+RFTrainerMixin.is_world_process_zero = _is_process_zero(local=False)  # type: ignore[attr-defined]
+RFTrainerMixin.is_local_process_zero = _is_process_zero(local=True)  # type: ignore[attr-defined]
+
 
 def _writes_here(trainer: Any) -> bool:
     """Whether this worker writes the best run's ``save_model()``: as TRL's ``should_save``
