@@ -169,3 +169,30 @@ def test_a_planned_runs_recorded_config_is_what_a_built_runs_would_be(tmp_path, 
     differ = {k for k in params["run-0"] | params["run-1"]
               if params["run-0"].get(k) != params["run-1"].get(k)}
     assert "learning_rate" in differ and differ <= {"learning_rate", "output_dir", "logging_dir"}
+
+
+def test_a_planned_runs_trainer_is_not_built_from_another_thread_while_training(tmp_path):
+    import threading
+
+    gate, release, answers = threading.Event(), threading.Event(), []
+
+    class Hold(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if args.output_dir.endswith("run-0") and state.global_step == 1:
+                gate.set()
+                release.wait(timeout=60)
+
+    rf = _experiment(tmp_path / "exp", callbacks=[Hold()])
+    rf.train(blocking=False)
+    try:
+        assert gate.wait(timeout=120)
+        try:  # the notebook's thread, say, while the engine trains run-0
+            rf.run_trainer("run-2")
+        except RuntimeError as err:
+            answers.append(str(err))
+        assert rf.engine.slots["run-2"].planned  # the shared model was left alone
+    finally:
+        release.set()
+        rf.wait(timeout=300)
+    assert answers and "is training" in answers[0]
+    assert rf.run_trainer("run-2") is not None  # after train(): its trainer exists

@@ -327,6 +327,14 @@ class RFTrainerMixin:
         failed before its trainer was built). A run whose trainer is built when it is first
         scheduled has it built now, unless this is called from inside a run's training (a
         callback): ``RuntimeError`` then."""
+        slot = self._rf_engine.slots[name]
+        if slot.planned and self.training:
+            # Built by the engine between two turns only: from a callback, or from another
+            # thread while train(blocking=False) trains, it would change the shared model
+            # under the run training now.
+            raise RuntimeError(f"{name}'s trainer is built when it is first scheduled, and "
+                               "the experiment is training: ask for it after train(), or "
+                               f"once {name} has trained a chunk")
         return self._rf_engine.build_now(name).trainer
 
     def _rf_trainers(self) -> list[RunTrainer]:
