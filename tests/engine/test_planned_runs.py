@@ -95,6 +95,7 @@ def test_a_planned_run_that_cannot_be_built_fails_alone_and_the_others_train(tmp
     assert runs["run-0"].status == RunStatus.COMPLETED
     assert runs["run-1"].status == RunStatus.FAILED
     assert "no_such_module" in runs["run-1"].error
+    assert rf.run_trainer("run-1") is None  # as for a run that failed before training
 
 
 def test_callbacks_added_before_training_reach_the_runs_built_later(tmp_path):

@@ -185,6 +185,7 @@ class RunRegistry:
             new = self._runs.build_planned(slot.name)
         except BaseException:
             self._runs.undo(slot.name)
+            slot.planned = False  # failed before training: it has no trainer, and gets none
             raise
         built = new_slot(new, checkpoints=slot.checkpoints or self.layout.checkpoints(new.name),
                          final_dir=slot.final_dir)
