@@ -101,6 +101,9 @@ def figures(bench: ModuleType, setup: dict[str, Any], policy: str, rf: Any, base
                "best": rf.best, "runs": rf.runs, "parts": rf.parts},
         "ratio": ratio, "work_bound": bound, "halving_bound": halving,
         "bound_reached": ratio / bound if bound else None,
+        # What a chunk costs with everything on (its steps, evaluation where due, the policy,
+        # the turn, MLflow's writes): train()'s wall over the chunks trained.
+        "per_chunk_seconds": rf.train / rf.chunks_trained if rf.chunks_trained else math.nan,
         "halving_bound_reached": ratio / halving,
         "baseline_first_metric_seconds": per_config,
         "quality": {"rf_best": rf.best, "baseline_best": b_best, "gap": gap},
@@ -123,6 +126,8 @@ def print_figures(f: dict[str, Any], parts: ModuleType) -> None:
           f"by RF = {f['work_bound']:.2f}x (successive halving's halving_work: "
           f"{f['halving_bound']:.2f}x); reached {f['bound_reached']:.2f} of it "
           f"({f['halving_bound_reached']:.2f} of halving's)")
+    print(f"  per chunk trained: {1e3 * f['per_chunk_seconds']:.1f} ms (train() "
+          f"{r['train_seconds']:.2f} s / {r['chunks_trained']} chunks; everything on)")
     first = r["first_metric_seconds"]
     print(f"  first metric: RF {first:.2f} s after construction began (the first chunk's end); "
           f"the baseline's first after {f['baseline_first_metric_seconds']:.2f} s (one config)"
@@ -155,8 +160,8 @@ def print_summary(results: list[dict[str, Any]]) -> None:
     print("\nsummary (baseline SCALED from its sample to N; each side's best repetition):")
     print(f"  {'N':>4} {'chunks':>6} {'policy':<9} | {'baseline s':>10} {'RF s':>8} "
           f"{'ratio':>6} | {'bound':>6} {'reached':>7} | {'1st metric s':>12} | "
-          f"{'gap':>8} | exact")
-    print("  " + "-" * 98)
+          f"{'ms/chunk':>8} | {'gap':>8} | exact")
+    print("  " + "-" * 109)
     for f in results:
         gap = f["quality"]["gap"]
         first = f["rf"]["first_metric_seconds"]
@@ -164,8 +169,20 @@ def print_summary(results: list[dict[str, Any]]) -> None:
               f"{f['baseline']['scaled_seconds']:10.1f} {f['rf']['seconds']:8.1f} "
               f"{f['ratio']:5.2f}x | {f['work_bound']:5.2f}x {f['bound_reached']:7.2f} | "
               f"{first if first is not None else float('nan'):12.2f} | "
+              f"{1e3 * f.get('per_chunk_seconds', math.nan):8.1f} | "
               f"{gap if gap is not None else float('nan'):+8.4f} | "
               f"{'yes' if f['exact'] else 'NO'}")
+    # A chunk's cost as the configs grow (same chunks and policy): the target is flat.
+    shapes: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for f in results:
+        shapes.setdefault((f["chunks"], f["policy"]), []).append(f)
+    for (chunks, policy), same in shapes.items():
+        if len(same) > 1:
+            low, high = min(same, key=lambda f: f["configs"]), max(same, key=lambda f: f["configs"])
+            print(f"  per chunk, {chunks} chunks, {policy}: N={high['configs']} / "
+                  f"N={low['configs']} = {high['per_chunk_seconds'] / low['per_chunk_seconds']:.2f}"
+                  f" ({1e3 * high['per_chunk_seconds']:.1f} / "
+                  f"{1e3 * low['per_chunk_seconds']:.1f} ms)")
 
 
 def run(args: Any, bench: ModuleType) -> int:

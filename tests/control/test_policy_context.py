@@ -199,3 +199,16 @@ def test_population_based_ranks_as_a_pass_over_every_history(mode):
             # The donor is drawn from the same list, in the same order, with the same seed.
             draw = pbt._rng(h.name, 2)
             assert clone.run == want[draw.randrange(len(want))], (trial, h.name)
+
+
+def test_changed_since_names_the_runs_replaced_after_each_version():
+    context = Context({f"run-{i}": history(f"run-{i}", [], 4) for i in range(3)})
+    assert context.version == 0 and context.changed_since(0) == set()
+    context.update([history("run-0", [1.0], 4), history("run-1", [1.0], 4)], 0.0)
+    context.update([], 0.0)  # a boundary that replaced nothing still counts as a version
+    context.update([history("run-2", [1.0], 4), history("run-0", [1.0, 2.0], 4)], 0.0)
+    assert context.version == 3
+    assert context.changed_since(0) == {"run-0", "run-1", "run-2"}
+    assert context.changed_since(1) == {"run-2", "run-0"}
+    assert context.changed_since(2) == {"run-2", "run-0"}
+    assert context.changed_since(3) == set()

@@ -62,7 +62,10 @@ class Context:
         self._runs: dict[str, RunHistory] = dict(runs)
         self._order = {name: i for i, name in enumerate(self._runs)}
         self.wall_seconds = wall_seconds
-        self._changes: list[frozenset[str]] = []  # the runs each update replaced
+        # The runs each update replaced, one after another, and where each update's end:
+        # flat lists (a pointer a name) since an experiment updates at every boundary.
+        self._changed: list[str] = []
+        self._ends: list[int] = []
         self._rungs: dict[tuple[str, str, int], Rung] = {}
         self._total_steps: int | None = None
 
@@ -82,16 +85,18 @@ class Context:
                 rung.replace(old, new, order)
             if self._total_steps is not None:
                 self._total_steps += _steps(new) - (_steps(old) if old is not None else 0)
-        self._changes.append(frozenset(changed))
+        self._changed.extend(changed)
+        self._ends.append(len(self._changed))
         self.wall_seconds = wall_seconds
 
     @property
     def version(self) -> int:
-        return len(self._changes)
+        return len(self._ends)
 
     def changed_since(self, version: int) -> set[str]:
         """The runs replaced since the context was at ``version``."""
-        return set().union(*self._changes[version:])
+        start = self._ends[version - 1] if 0 < version <= len(self._ends) else 0
+        return set(self._changed[start:]) if version < len(self._ends) else set()
 
     def rung(self, metric: str, chunks: int, mode: str = "min") -> Rung:
         """The runs at ``chunks`` chunks judged by ``metric`` (see :class:`~.rungs.Rung`),

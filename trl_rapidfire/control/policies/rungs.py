@@ -58,17 +58,31 @@ class Rung:
         if key is None or old is None or new.chunks_done < old.chunks_done \
                 or new.chunks_done < self.chunks:
             key = self._key(new)
-        self._forget(name)
-        if key is not None and new.status != RunStatus.DELETED:
+        if key is None or new.status == RunStatus.DELETED:
+            self._forget(name)
+            if (key is None and new.status.schedulable
+                    and new.chunks_done < self.chunks <= new.chunks_total):
+                self._to_come.add(name)
+            return
+        self._to_come.discard(name)
+        # Most replacements are a run moving on past this rung: its place among the arrived
+        # runs stays, only whether it waits here changes; the sorted lists are touched only
+        # where something moved in them.
+        if entry is None or entry[0] != key:
+            if entry is not None:
+                del self._arrived[bisect_left(self._arrived, entry)]
             self._arrived_entry[name] = entry = (key, -order, name)
             insort(self._arrived, entry)
-            if (new.chunks_done == self.chunks < new.chunks_total and new.status.schedulable
-                    and not new.training):
-                waiting = (key, order, name)
-                self._waiting_entry[name] = waiting
-                insort(self._waiting, waiting)
-        elif new.status.schedulable and new.chunks_done < self.chunks <= new.chunks_total:
-            self._to_come.add(name)
+        waits = (new.chunks_done == self.chunks < new.chunks_total and new.status.schedulable
+                 and not new.training)
+        waiting = self._waiting_entry.get(name)
+        if waiting is not None and (not waits or waiting[0] != key):
+            del self._waiting[bisect_left(self._waiting, waiting)]
+            del self._waiting_entry[name]
+            waiting = None
+        if waits and waiting is None:
+            self._waiting_entry[name] = waiting = (key, order, name)
+            insort(self._waiting, waiting)
 
     def _key(self, history: RunHistory) -> float | None:
         from .base import metric_at  # base imports this module
