@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
     if best is not None:
         folder = Path(best.output_dir) / "generations"
         last = max(folder.glob("eval-step-*.jsonl"), key=lambda p: int(p.stem.split("-")[-1]))
-        print(f"{best.name}'s answers at step {last.stem.split('-')[-1]}:")
+        print(f"{best.name}'s answers at step {int(last.stem.split('-')[-1])}:")
         for line in last.read_text().splitlines():
             row = json.loads(line)
             print(f"  {row['prompt']!r} -> {row['answer']!r} (reference {row['reference']!r})")

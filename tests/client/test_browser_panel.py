@@ -114,9 +114,10 @@ def _steer_in_panel(driver, panel: str, gate: HeldRun, screenshot: Path | None) 
           "run-1's answer", timeout=300)
     _wait(driver, lambda d: _answer(d, PARENT).startswith("ok"), "run-0's answer", timeout=300)
     _wait(driver, lambda d: _status(d, "run-3") != "", "the clone's row", timeout=300)
-    # The live curves: a line per run that logged a loss, named in the legend.
+    # The live curves: a line per run that logged a loss, named at its end (4 runs: all in
+    # the top 10, all in colour).
     _wait(driver, lambda d: {"run-0", "run-1", "run-2"} <= {
-        s.text for s in d.find_elements(By.CSS_SELECTOR, "#legend span")}, "the curves")
+        s.text for s in d.find_elements(By.CSS_SELECTOR, "#curves .end-label")}, "the curves")
     # Once the clone has trained too, every run's curve reaches its last logged step (the
     # histories of the runs that moved are fetched again), the clone's included.
     _wait(driver, lambda d: _status(d, "run-3") == "completed", "the clone done", 300)
@@ -125,7 +126,8 @@ def _steer_in_panel(driver, panel: str, gate: HeldRun, screenshot: Path | None) 
         " r.metrics.loss && s.history[r.id] && s.history[r.id].step === r.metrics.loss.step"
         " && s.history[r.id].points.length > 0)"), "every run's whole curve", 60)
     _wait(driver, lambda d: {"run-0", "run-1", "run-2", "run-3"} <= {
-        s.text for s in d.find_elements(By.CSS_SELECTOR, "#legend span")}, "the clone's curve")
+        s.text for s in d.find_elements(By.CSS_SELECTOR, "#curves .end-label")},
+        "the clone's curve")
     if screenshot is not None:
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(screenshot))

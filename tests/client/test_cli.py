@@ -83,18 +83,24 @@ def test_quickstart_shows_its_runs(argv, monkeypatch, tmp_path, capsys):
 def test_status_knob_columns_are_the_knobs_that_differ_a_few_and_cut():
     from trl_rapidfire.client.experiments import KNOB_CHARS, KNOB_COLUMNS, knob_columns
 
-    lora = "LoraConfig(r={}, alpha=16, targets=['q_proj', 'k_proj', 'v_proj', 'o_proj'])"
-    runs = [{"learning_rate": lr, "seed": 0, "peft_config": lora.format(r),
+    template = "<|{}|>{{% for m in messages %}}{{{{ m['content'] }}}}{{% endfor %}}"
+    runs = [{"learning_rate": lr, "seed": 0, "chat_template": template.format(role),
              **{f"knob_{k}": k * i for k in range(8)}}
-            for i, (lr, r) in enumerate([(1e-3, 8), (3e-4, 32)])]
+            for i, (lr, role) in enumerate([(1e-3, "user"), (3e-4, "assistant")])]
     cols = knob_columns(runs)
-    assert cols.names[:2] == ["learning_rate", "peft_config"]  # seed is the same: no column
+    assert cols.names[:2] == ["learning_rate", "chat_template"]  # seed is the same: no column
     assert len(cols.names) == KNOB_COLUMNS and cols.hidden == 9 - KNOB_COLUMNS
     assert [row[0] for row in cols.cells] == ["0.001", "0.0003"]
     assert all(len(cell) <= KNOB_CHARS for row in cols.cells for cell in row)
     assert cols.cells[0][1] != cols.cells[1][1]  # cut in the middle: still told apart
     whole = knob_columns(runs, full=True)
-    assert len(whole.names) == 9 and whole.hidden == 0 and whole.cells[1][1] == lora.format(32)
+    assert len(whole.names) == 9 and whole.hidden == 0
+    assert whole.cells[1][1] == template.format("assistant")
+    # A LoRA config (as the state and MLflow give it: its description) by the field that
+    # differs, a column of its own, whole: not a long value cut in the middle.
+    lora = "LoraConfig(r={}, alpha=16, targets=['q_proj', 'k_proj', 'v_proj', 'o_proj'])"
+    loras = knob_columns([{"peft_config": lora.format(r)} for r in (8, 32)])
+    assert loras.names == ["peft_config.r"] and loras.cells == [["8"], ["32"]]
     # MLflow params: a param holding the run's own name (its output_dir) is no knob.
     params = [{"learning_rate": "0.001", "output_dir": "out/runs/run-0"},
               {"learning_rate": "0.003", "output_dir": "out/runs/run-1"}]

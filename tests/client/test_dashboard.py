@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from browser import chromium, wait_for_rows
-from dashboard_process import Dashboard, env_without_uri
+from dashboard_process import STARTUP, Dashboard, env_without_uri
 from mlflow_server import free_port
 
 from trl_rapidfire.client.dashboard import local_store_path, runs_url, runs_view_state
@@ -87,7 +87,8 @@ def test_runs_url_opens_the_saved_view_in_model_training_mode():
     # Filtered and not sorted by start time: the UI lists the child runs flat.
     assert state["searchFilter"] == "tags.`rapidfire.role` = 'run'"
     assert state["orderByKey"] != "attributes.start_time"
-    assert state["columnOrder"][0] == "tags.`rapidfire.status`"
+    # The knobs first, then the status: what tells runs apart is in sight when it opens.
+    assert state["columnOrder"][:2] == ["params.`learning_rate`", "tags.`rapidfire.status`"]
     assert "params.`learning_rate`" in state["selectedColumns"]
 
 
@@ -138,7 +139,17 @@ def test_a_stop_signal_leaves_no_process_and_create_starts_an_empty_store(tmp_pa
                       *(["--verbose"] if verbose else [])], tmp_path, tmp_path / "dashboard.log")
     try:
         # --create: an empty store, so no experiment to open: the UI's own home page.
-        assert dash.url() == f"http://127.0.0.1:{port}"
+        if verbose:
+            assert dash.url() == f"http://127.0.0.1:{port}"
+        else:
+            # Its links and nothing else: none of the server's start-up noise (the store it
+            # was given, its security defaults, a deprecation warning for MLflow's authors,
+            # uvicorn's "started" lines), on either stream.
+            said = [dash.lines.get(timeout=STARTUP).rstrip("\n") for _ in range(3)]
+            assert [line.split(" ", 2)[:2] for line in said] == [
+                ["Starting", "the"], ["MLflow", "UI:"], ["Control", "panel:"]], said
+            assert said[1].startswith(f"MLflow UI: http://127.0.0.1:{port}  ("), said
+            assert (tmp_path / "dashboard.log").read_text() == ""
         for _ in range(3):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30).read()
         assert db.is_file()
@@ -225,6 +236,19 @@ def test_the_printed_url_shows_every_run_and_its_status_without_a_click(browser,
         # not the per-run output_dir).
         assert "rapidfire.status" in page and "learning_rate" in page and "lora_r" in page
         assert "max_steps" not in page and "output_dir" not in page
+        # The knob columns come first, in sight in a laptop's window (1280 wide, MLflow's
+        # assistant panel open beside the table), not scrolled off behind the tags and metrics.
+        browser.set_window_size(1280, 800)
+        time.sleep(1)
+        headers = {e.text.strip(): e.rect for e in browser.find_elements(
+            By.CSS_SELECTOR, "[role='columnheader']") if e.text.strip()}
+        grid = browser.find_element(By.CSS_SELECTOR, ".ag-root-wrapper").rect
+        assert {"learning_rate", "lora_r"} <= set(headers), headers
+        for knob in ("learning_rate", "lora_r"):
+            assert headers[knob]["x"] + headers[knob]["width"] <= grid["x"] + grid["width"], (
+                headers, grid)
+            assert "rapidfire.status" not in headers or (
+                headers[knob]["x"] < headers["rapidfire.status"]["x"]), headers
         if os.environ.get("RF_SAVE_SCREENSHOT"):
             # MLflow opens its assistant panel on a first visit from localhost: closed for the
             # picture (the test above ran without a click).

@@ -120,6 +120,9 @@ def test_an_op_goes_to_the_experiment_that_is_training(tmp_path, capsys):
     sent = {}
 
     def stop_from_the_cli(trainer):
+        # The runs' MLflow runs are made in the background: the person sends the op once
+        # run-1 shows in MLflow (before, the CLI says it has no run-1 yet).
+        trainer.engine.tracker.flush()
         sent["rc"] = main(["stop", "run-1"])  # no experiment named: the training one
         sent["out"] = capsys.readouterr().out
         trainer.engine.tracker.poll_now()

@@ -1,5 +1,5 @@
 """The control panel's server side (the MLflow app plugin), through Flask's test client: the
-page and its two files, nothing else of the package; the op check answers as every sender's
+page and its files, nothing else of the package; the op check answers as every sender's
 check does; the clone form's locked fields; bodies bounded before they are parsed."""
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ def test_the_plugin_is_the_mlflow_app_named_trl_rapidfire():
 def test_serves_the_page_and_its_files_only(client):
     page = client.get("/rapidfire/")
     assert page.status_code == 200 and page.mimetype == "text/html"
-    assert b'src="panel.js"' in page.data
-    assert client.get("/rapidfire/panel.js").mimetype == "text/javascript"
+    for script in ("panel.js", "panel_curves.js", "panel_table.js", "panel_clone.js"):
+        assert f'src="{script}"'.encode() in page.data
+        assert client.get(f"/rapidfire/{script}").mimetype == "text/javascript"
     assert client.get("/rapidfire/panel.css").mimetype == "text/css"
     for other in ("/rapidfire/panel_app.py", "/rapidfire/..%2f__init__.py", "/rapidfire/x.js"):
         assert client.get(other).status_code == 404, other
@@ -87,7 +88,7 @@ def test_the_pages_curves_use_the_reports_colours_and_line_styles():
 
     from trl_rapidfire.reports.plot_style import LINE_STYLES, PALETTE
 
-    script = resources.files("trl_rapidfire.client").joinpath("panel_static", "panel.js")
+    script = resources.files("trl_rapidfire.client").joinpath("panel_static", "panel_curves.js")
     text = script.read_text()
     palette = re.search(r"const PALETTE = \[(.*?)\];", text, re.S).group(1)
     assert tuple(re.findall(r'"(#[0-9a-f]{6})"', palette)) == PALETTE

@@ -399,3 +399,16 @@ def test_a_lora_config_is_described_by_rank_alpha_and_targets():
         == "LoraConfig(r=8, alpha=16, targets=['q_proj', 'v_proj'])"
     assert describe_value(LoraConfig(r=32, lora_alpha=64, target_modules="all-linear")) \
         == "LoraConfig(r=32, alpha=64, targets='all-linear')"
+
+
+def test_lora_configs_that_differ_elsewhere_are_described_apart():
+    from peft import LoraConfig
+
+    from trl_rapidfire.config.knobs import describe_value
+
+    plain = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj"], task_type="CAUSAL_LM")
+    dropout = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj"], lora_dropout=0.1,
+                         use_rslora=True, task_type="CAUSAL_LM")
+    assert describe_value(plain) == "LoraConfig(r=8, alpha=16, targets=['q_proj'])"
+    assert describe_value(dropout) == ("LoraConfig(r=8, alpha=16, targets=['q_proj'], "
+                                       "lora_dropout=0.1, use_rslora=True)")

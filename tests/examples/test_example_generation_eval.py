@@ -23,7 +23,7 @@ def test_example_scores_each_run_on_its_answers(monkeypatch, tmp_path, capsys):
         evals = [e for e in rf.run_trainer(run.name).state.log_history if "eval_loss" in e]
         assert [e["step"] for e in evals] == [4, 8]  # 64 rows, 8 a batch, 2 chunks
         assert all({"eval_exact_match", "eval_rouge_l"} <= set(e) for e in evals)
-        saved = Path(run.output_dir) / "generations" / "eval-step-8.jsonl"
+        saved = Path(run.output_dir) / "generations" / "eval-step-00000008.jsonl"
         rows = [json.loads(line) for line in saved.read_text().splitlines()]
         assert len(rows) == 4 and all(r["step"] == 8 and r["reference"] for r in rows)
     best = rf.best_run

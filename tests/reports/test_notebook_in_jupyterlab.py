@@ -140,6 +140,20 @@ def _panel_text(driver) -> str:
     return "\n".join(e.text for e in driver.find_elements(By.CSS_SELECTOR, ".jp-OutputArea"))
 
 
+def _rows(driver) -> dict[str, dict]:
+    """Each run's row as the page draws it: its cells' texts, and whether its Stop button sits
+    level with them (the same line of the page)."""
+    return {row["run"]: row for row in driver.execute_script("""
+        return Array.from(document.querySelectorAll(
+            '.jp-OutputArea button[title^="stop run-"]')).map((button) => {
+          const cells = button.parentElement.firstElementChild;
+          const a = button.getBoundingClientRect(), b = cells.getBoundingClientRect();
+          return {run: button.title.slice(5),
+                  cells: Array.from(cells.children).map((c) => c.innerText.trim()),
+                  level: Math.abs((a.top + a.bottom) / 2 - (b.top + b.bottom) / 2) < a.height};
+        });""")}
+
+
 @pytest.mark.slow
 def test_in_jupyterlab_the_panel_shows_and_a_click_on_stop_stops_the_run(tmp_path):
     nbformat = pytest.importorskip("nbformat")
@@ -170,6 +184,7 @@ def test_in_jupyterlab_the_panel_shows_and_a_click_on_stop_stops_the_run(tmp_pat
               and "stop: ok: stopped at step" in _panel_text(d),
               "the end of training, with run-1's answer", 240, tmp_path)
         text = _panel_text(driver)
+        rows = _rows(driver)
         if os.environ.get("RF_SAVE_SCREENSHOT"):
             # The picture: the notebook without the file browser and the cell's code, the
             # panel scrolled into view.
@@ -183,11 +198,14 @@ def test_in_jupyterlab_the_panel_shows_and_a_click_on_stop_stops_the_run(tmp_pat
             driver.save_screenshot(str(tmp_path / "panel.png"))
             shutil.copy(tmp_path / "panel.png", SCREENSHOT)
 
-    # What the page showed: every run, run-1 stopped by the click, the others completed.
-    rows = {line.split()[0]: line.split() for line in text.splitlines()
-            if line.startswith("run-") and len(line.split()) > 2}
-    assert {name: words[1] for name, words in rows.items()} == {
-        "run-0": "completed", "run-1": "stopped", "run-2": "completed"}, text
+    # What the page showed: every run, run-1 stopped by the click, the others completed;
+    # each run's buttons on its own row, level with its cells.
+    assert {name: row["cells"][:2] for name, row in rows.items()} == {
+        "run-0": ["run-0", "completed"], "run-1": ["run-1", "stopped"],
+        "run-2": ["run-2", "completed"]}, rows
+    assert all(row["level"] for row in rows.values()), rows
+    # TRL's finished preprocessing bars are collapsed above the panel (one button shows them).
+    assert "train dataset" not in text and "preprocessing bars" in text, text
     # What the experiment wrote: the stop, from Python (the panel's button), applied.
     with open(out / "ops.csv", newline="") as f:
         ops = [(r["source"], r["run"], r["op"], r["result"]) for r in csv.DictReader(f)]

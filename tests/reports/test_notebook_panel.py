@@ -103,8 +103,11 @@ def test_the_clone_form_sends_the_changed_fields_parsed_and_warm():
 def test_a_stop_button_queues_the_op_and_its_line_shows_the_answer():
     trainer = FakeTrainer()
     panel = _panel(trainer)
-    assert panel.refreshes == 1 and "run-0" in panel.table.value
-    assert panel.rows["run-1"].resume.disabled and not panel.rows["run-1"].stop.disabled
+    assert panel.refreshes == 1 and panel.rows["run-0"].texts[:2] == ["run-0", "running"]
+    # The buttons are on the run's own row, beside its cells.
+    row = panel.rows["run-1"]
+    assert row.widget.children[:5] == (row.cells, row.stop, row.resume, row.delete, row.clone)
+    assert row.resume.disabled and not panel.rows["run-1"].stop.disabled
     panel.rows["run-1"].stop.click()
     assert trainer.asked == [("stop", "run-1")]
     assert "queued" in panel.rows["run-1"].answer.value
@@ -138,7 +141,7 @@ def test_the_panel_polls_until_training_ended_and_draws_the_end():
     while panel.polling and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not panel.polling
-    assert "completed" in panel.table.value and "not training" in panel.header.value
+    assert panel.rows["run-0"].texts[1] == "completed" and "not training" in panel.header.value
     assert bytes(panel.plot.value).startswith(b"\x89PNG")
     panel.close()
 
@@ -195,12 +198,13 @@ CLICK = """\
 import json, re
 assert gate.reached.wait(timeout=300)
 deadline = time.monotonic() + 60
+def table():
+    return {name: row.texts for name, row in panel.rows.items()}
 # The polling thread's work, before any click: a run's steps drawn (the gate holds run-1).
-while not re.search(r"<tr><td[^>]*>run-\\d</td><td[^>]*>\\w+</td><td[^>]*>[1-9]",
-                    panel.table.value):
-    assert time.monotonic() < deadline, panel.table.value
+while not any(int(texts[2]) > 0 for texts in table().values()):
+    assert time.monotonic() < deadline, table()
     time.sleep(0.05)
-seen = {"refreshes": panel.refreshes, "table": panel.table.value}
+seen = {"refreshes": panel.refreshes, "table": table()}
 panel.rows["run-1"].stop.click()
 panel.form.source.value = "run-0"
 panel.form.fields["learning_rate"].value = "5e-4"
@@ -212,7 +216,8 @@ while panel.polling:  # it draws the end, then stops
     assert time.monotonic() < deadline
     time.sleep(0.05)
 print(json.dumps(dict(
-    seen=seen, refreshes=panel.refreshes, table=panel.table.value, header=panel.header.value,
+    seen=seen, refreshes=panel.refreshes, table=table(), header=panel.header.value,
+    bars=len(panel.bars), bars_button=panel.show_bars.description,
     answer=panel.rows["run-1"].answer.value, clone_answer=panel.rows["run-0"].answer.value,
     statuses={r.name: r.status.value for r in trainer.runs},
     knobs={r.name: r.knobs.get("learning_rate") for r in trainer.runs},
@@ -221,10 +226,37 @@ print(json.dumps(dict(
 """
 
 
-def _table_rows(table_html: str) -> dict[str, list[str]]:
-    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row)
-            for row in re.findall(r"<tr>(.*?)</tr>", table_html)]
-    return {cells[0]: cells for cells in rows if cells}
+def _front_end_rows(states: dict) -> dict[str, list[str]]:
+    """The runs' rows as the front end holds them (the widgets' state, by model id): a row is
+    an HBox of its cells' HBox and its buttons; a run's Stop button names its run."""
+    def model(ref):
+        return states[ref.removeprefix("IPY_MODEL_")]["state"]
+
+    rows = {}
+    for entry in states.values():
+        children = entry["state"].get("children") or []
+        if entry["model_name"] != "HBoxModel" or len(children) != 6:
+            continue
+        stop = model(children[1])
+        if not str(stop.get("tooltip", "")).startswith("stop run-"):
+            continue
+        cells = [re.sub(r"<[^>]*>", "", model(c)["value"]) for c in model(children[0])["children"]]
+        rows[stop["tooltip"].removeprefix("stop ")] = cells
+    return rows
+
+
+def _preprocessing_bars(states: dict) -> list[str]:
+    """The display of each finished TRL/datasets preprocessing bar the front end holds."""
+    found = []
+    for entry in states.values():
+        children = entry["state"].get("children") or []
+        if entry["model_name"] != "HBoxModel" or len(children) != 3:
+            continue
+        label, bar = (states[c.removeprefix("IPY_MODEL_")]["state"] for c in children[:2])
+        if bar.get("bar_style") == "success" and "dataset" in str(label.get("value", "")):
+            layout = states[entry["state"]["layout"].removeprefix("IPY_MODEL_")]["state"]
+            found.append(layout.get("display"))
+    return found
 
 
 @pytest.mark.slow
@@ -245,7 +277,7 @@ def test_in_a_kernel_the_panel_refreshes_while_training_and_its_stop_button_stop
 
     # Refreshed by itself while training (before any click), showing the runs' steps.
     assert got["seen"]["refreshes"] >= 2
-    seen_rows = _table_rows(got["seen"]["table"])
+    seen_rows = got["seen"]["table"]
     assert set(seen_rows) == {"run-0", "run-1", "run-2"}
     assert any(int(cells[2]) > 0 for cells in seen_rows.values()), got["seen"]
 
@@ -259,7 +291,7 @@ def test_in_a_kernel_the_panel_refreshes_while_training_and_its_stop_button_stop
     assert python_ops[1][3].startswith("ok")
 
     # The panel's end: run-1 stopped with its answer, the clone in the table, a plot.
-    rows = _table_rows(got["table"])
+    rows = got["table"]
     assert rows["run-1"][1] == "stopped" and rows["run-3"][1] == "completed"
     assert got["answer"].startswith("stop: ok: stopped at step")
     assert got["clone_answer"].startswith("clone ") and "ok: created run-3" in got["clone_answer"]
@@ -271,11 +303,15 @@ def test_in_a_kernel_the_panel_refreshes_while_training_and_its_stop_button_stop
     assert got["plot"] > 0
 
     # What the front end holds (nbclient keeps the widgets' state from the kernel's comm
-    # messages): the same final table, drawn by the polling thread after wait() returned.
+    # messages): the same final rows, each with its own buttons, drawn by the polling thread
+    # after wait() returned.
     states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
-    tables = [s["state"]["value"] for s in states.values()
-              if str(s["state"].get("value", "")).startswith("<table>")]
-    assert tables == [got["table"]]
+    assert _front_end_rows(states) == rows
+    # TRL's finished preprocessing bars (building the runs) are collapsed above the panel,
+    # and the panel's button says how many.
+    hidden = _preprocessing_bars(states)
+    assert hidden and set(hidden) == {"none"}, hidden
+    assert got["bars"] >= len(hidden) and got["bars_button"].startswith("show ")
 
     # train() showed the panel in its cell, as the progress view: one widget view there, and
     # neither tqdm's bar nor the text runs table besides (they would say the same twice).

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgb
 
-from trl_rapidfire.reports.plot_style import PALETTE, run_style
+from trl_rapidfire.reports.plot_style import PALETTE, run_style, run_styles
 from trl_rapidfire.reports.plots import (
     ExperimentData,
     RunData,
@@ -102,23 +102,26 @@ def test_twenty_runs_have_colours_far_apart_and_keep_them_in_every_figure():
 
 def test_runs_past_twenty_differ_from_the_first_twenty_in_colour_and_line_style():
     names = [f"run-{i}" for i in range(40)]
-    chunks = [ChunkRecord(n, 0, 0, 0, 0, i, i + 1, 0, 1) for i, n in enumerate(names)]
-    data = _data(_fanning(names), chunks)
-    fig, _ = learning_curves_figure(data, None)
-    lines = [_curve(fig.axes[0], n) for n in names]
-    pairs = [(line.get_color(), line.get_linestyle()) for line in lines]
+    styles = run_styles(names)
+    pairs = [(styles[n].color, styles[n].linestyle) for n in names]
     assert len(set(pairs)) == 40
     for i in range(20):  # the same colour 20 runs later, never the same line style
         assert pairs[i][0] == pairs[i + 20][0] and pairs[i][1] != pairs[i + 20][1]
     # Unique up to 80 runs; and the first 20 never share both line style and marker.
-    styles = [run_style(i) for i in range(80)]
-    assert len({(s.color, s.linestyle) for s in styles}) == 80
-    assert len({(s.linestyle, s.marker) for s in styles[:20]}) == 20
-
+    styles_80 = [run_style(i) for i in range(80)]
+    assert len({(s.color, s.linestyle) for s in styles_80}) == 80
+    assert len({(s.linestyle, s.marker) for s in styles_80[:20]}) == 20
     # Bars have no line style: the second 20 are hatched, the first 20 not.
-    bars = _bars(schedule_figure(data)[0])
-    assert all(not bars[f"run-{i}"].get_hatch() for i in range(20))
-    assert all(bars[f"run-{i}"].get_hatch() for i in range(20, 40))
+    assert all(not styles[f"run-{i}"].hatch for i in range(20))
+    assert all(styles[f"run-{i}"].hatch for i in range(20, 40))
+
+    # A figure of more than 20 runs draws the best 10 in colour and the rest grey (see
+    # test_report_many_runs.py): no two drawn runs share a colour there either.
+    chunks = [ChunkRecord(n, 0, 0, 0, 0, i, i + 1, 0, 1) for i, n in enumerate(names)]
+    fig, _ = learning_curves_figure(_data(_fanning(names), chunks), None)
+    lines = [line for line in fig.axes[0].get_lines()
+             if str(line.get_gid()).startswith("curve:")]
+    assert len(lines) == 10 and len({line.get_color() for line in lines}) == 10
 
 
 def test_equal_curves_are_cased_and_named_where_they_end_on_another():

@@ -89,8 +89,11 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 
 def _table(summary: Path) -> list[list[str]]:
-    """The rows of the summary's markdown table (below its header), as cells."""
-    lines = [line for line in summary.read_text().splitlines() if line.startswith("| ")]
+    """The rows of the summary's first markdown table, the runs (below its header), as
+    cells; the tables after it (the importance of each knob) are not runs."""
+    text = summary.read_text()
+    first = text[text.index("\n| "):].split("\n\n")[0]
+    lines = [line for line in first.splitlines() if line.startswith("| ")]
     return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[2:]]
 
 

@@ -114,8 +114,8 @@ def test_a_generations_link_made_while_training_fails_its_run_and_writes_nothing
     assert runs["run-0"].status == RunStatus.FAILED
     assert "is a symbolic link" in runs["run-0"].error and "generations" in runs["run-0"].error
     assert runs["run-1"].status == RunStatus.COMPLETED
-    assert sorted(os.listdir(out / "runs/run-1/generations")) == ["eval-step-2.jsonl",
-                                                                  "eval-step-4.jsonl"]
+    assert sorted(os.listdir(out / "runs/run-1/generations")) == ["eval-step-00000002.jsonl",
+                                                                  "eval-step-00000004.jsonl"]
     assert _everything_in(outside) == []
 
 

@@ -71,7 +71,7 @@ def _eval_logs(trainer, run: str) -> dict[int, dict[str, float]]:
 
 
 def _saved_answers(run_dir: Path, step: int) -> list[dict]:
-    text = (run_dir / "generations" / f"eval-step-{step}.jsonl").read_text()
+    text = (run_dir / "generations" / f"eval-step-{step:08d}.jsonl").read_text()
     return [json.loads(line) for line in text.splitlines()]
 
 
@@ -383,5 +383,5 @@ def test_one_configs_final_adapter_and_answers_are_in_its_run_folder(tmp_path):
     assert Path(run.output_dir) == out / "runs" / "run-0"
     assert (Path(run.final_dir) / "adapter_model.safetensors").is_file()
     saved = sorted(p.name for p in (out / "runs" / "run-0" / "generations").iterdir())
-    assert saved == [f"eval-step-{CHUNK_STEPS}.jsonl", f"eval-step-{2 * CHUNK_STEPS}.jsonl"]
+    assert saved == [f"eval-step-{CHUNK_STEPS:08d}.jsonl", f"eval-step-{2 * CHUNK_STEPS:08d}.jsonl"]
     assert not (out / "generations").exists()

@@ -157,9 +157,9 @@ def test_each_of_several_eval_sets_is_generated_for_under_its_own_name(tmp_path)
     assert {"eval_sums_exact_match", "eval_chats_exact_match"} <= set(metrics)
     folder = tmp_path / "exp" / "runs" / "run-0" / "generations"  # one config: its run folder
     saved = sorted(p.name for p in folder.iterdir())
-    assert saved == ["eval_chats-step-1.jsonl", "eval_chats-step-2.jsonl",
-                     "eval_sums-step-1.jsonl", "eval_sums-step-2.jsonl"]
-    assert len((folder / "eval_sums-step-2.jsonl").read_text().splitlines()) == 2
+    assert saved == ["eval_chats-step-00000001.jsonl", "eval_chats-step-00000002.jsonl",
+                     "eval_sums-step-00000001.jsonl", "eval_sums-step-00000002.jsonl"]
+    assert len((folder / "eval_sums-step-00000002.jsonl").read_text().splitlines()) == 2
 
 
 def test_runs_that_read_an_eval_set_alike_read_it_once():

@@ -362,9 +362,13 @@ def build_parser(extra: Sequence[CommandRegistrar] = ()) -> argparse.ArgumentPar
                    help="start an empty store when there is none (without it, a missing "
                    "store is an error, so a dashboard started in the wrong folder says so)")
     p.add_argument("--verbose", action="store_true",
-                   help="also print the server's access log (a line per HTTP request)")
+                   help="also print the server's access log (a line per HTTP request) and "
+                   "its start-up lines and notices")
     p.set_defaults(func=_cmd_dashboard)
     p = sub.add_parser("status", help="a table of the runs of an experiment")
+    # The folder positionally too, as `report OUTPUT_DIR` takes it (main() merges the two).
+    p.add_argument("folder", nargs="?", metavar="OUTPUT_DIR",
+                   help="the experiment's output_dir (the same as --output-dir)")
     _add_where(p)
     p.add_argument("--full", action="store_true",
                    help=f"op texts whole (by default cut to {_OP_CHARS} characters) and every "
@@ -428,6 +432,11 @@ def main(argv: Sequence[str] | None = None, *,
     if rest and not getattr(args, "takes_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.overrides = rest
+    folder = getattr(args, "folder", None)
+    if folder is not None:
+        if args.output_dir is not None and args.output_dir != folder:
+            parser.error(f"two folders given: {folder} and --output-dir {args.output_dir}")
+        args.output_dir = folder
     try:
         # Not for `dashboard`: the server it starts keeps MLflow's own settings.
         limits = _client_limits() if args.command in _CLIENT_COMMANDS else contextlib.nullcontext()

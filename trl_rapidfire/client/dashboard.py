@@ -11,8 +11,17 @@ their parent, collapsed, unless the table is filtered and sorted by something ot
 start time (the UI then fetches no parents, and child runs are rows of their own). So the
 dashboard writes, into each MLflow experiment holding trl-rapidfire runs, a saved view (an
 experiment tag, as the UI's own "Views" menu writes them) that filters the child runs, sorts
-them by name and shows their status, progress, losses and the knobs that differ, and prints
-:func:`runs_url`, which opens that view in "Model training" mode.
+them by name and shows the knobs that differ first, then their status, progress and losses,
+and prints :func:`runs_url`, which opens that view in "Model training" mode.
+
+Quiet. ``mlflow server`` says a few things at every start that tell a person nothing here
+(the registry store it defaults to, its localhost-only security defaults, starlette's
+deprecation warning of MLflow's own WSGI middleware, uvicorn's "started" lines): without
+``--verbose`` they are dropped (MLflow's notices by their text from the server's output,
+which passes through the dashboard; the warning by a ``PYTHONWARNINGS`` filter of its text;
+uvicorn's by its log level, ``warning``), so the dashboard's links come right after its own
+first line; every other line of the server (a warning, an error, a traceback)
+is shown as it comes.
 
 Stopping. The server runs in a session of its own (a Ctrl-C in the terminal reaches the
 dashboard only, which stops it); on SIGINT, SIGTERM or SIGHUP (a closed terminal) the
@@ -102,15 +111,20 @@ def runs_view_state(knobs: Sequence[str] = ()) -> dict[str, Any]:
     """The saved view's state: the runs table's search facets and columns.
 
     A filter and a sort other than the start time, together, are what make the UI list child
-    runs flat: with either missing it fetches their parent run and folds them under it. The
-    column order puts the status first: the table draws only the columns in sight, and the
-    UI's default order (metrics, params, tags) would push the status off the screen.
+    runs flat: with either missing it fetches their parent run and folds them under it.
+
+    The column order puts the knobs that differ first, then the status, progress and losses:
+    the table draws only the columns in sight, and the UI's default order (metrics, params,
+    tags) pushes what tells the runs apart off the screen. MLflow 3.17's runs table applies
+    the view's ``columnOrder`` to the columns it lists (``applyColumnState`` with
+    ``applyOrder``) after its fixed ones (the run's name and its start time), whatever group
+    (params, metrics, tags) each belongs to; ``selectedColumns`` says which are shown.
     """
     from ..tracking.tags import OP_RESULT_TAG, OP_TAG, PROGRESS_TAG, ROLE_TAG, STATUS_TAG
 
-    columns = [f"tags.`{STATUS_TAG}`", f"tags.`{PROGRESS_TAG}`", "metrics.`loss`",
-               "metrics.`eval_loss`", *(f"params.`{k}`" for k in knobs), f"tags.`{OP_TAG}`",
-               f"tags.`{OP_RESULT_TAG}`"]
+    columns = [*(f"params.`{k}`" for k in knobs), f"tags.`{STATUS_TAG}`",
+               f"tags.`{PROGRESS_TAG}`", "metrics.`loss`", "metrics.`eval_loss`",
+               f"tags.`{OP_TAG}`", f"tags.`{OP_RESULT_TAG}`"]
     return {
         "searchFilter": f"tags.`{ROLE_TAG}` = 'run'",
         "orderByKey": "tags.`mlflow.runName`",
@@ -306,6 +320,35 @@ def _say(text: str) -> None:
         print(text, flush=True)
 
 
+# What `mlflow server` says at every start that tells a person nothing here (the store is the
+# one the dashboard named; it listens on 127.0.0.1 only): dropped from its output, every other
+# line passed on as it comes (its errors, a traceback).
+_NOISE = ("Registry store URI not provided. Using backend store URI.",
+          "[MLflow] Security middleware enabled with default settings (localhost-only).")
+# MLflow 3.x imports starlette's WSGI middleware, which starlette warns is deprecated: the
+# warning is for MLflow's authors. Filtered by its own text (and only it) in the child.
+_WARNINGS = "ignore:starlette.middleware.wsgi is deprecated:UserWarning"
+
+
+def _child_env(verbose: bool) -> dict[str, str]:
+    # The job runner (GenAI jobs) would be one more process tree, for nothing here.
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    if not verbose:
+        env["PYTHONWARNINGS"] = ",".join(w for w in (env.get("PYTHONWARNINGS"), _WARNINGS) if w)
+    return env
+
+
+def _pass_on(source: Any, sink: Any, quiet: bool) -> None:
+    """Copy the server's output ``source`` to ``sink`` line by line, less its known noise
+    (``quiet``); ends with the server's output."""
+    with contextlib.suppress(OSError, ValueError):  # a terminal gone (SIGHUP): nothing to show
+        for line in source:
+            if quiet and line.startswith(_NOISE):
+                continue
+            sink.write(line)
+            sink.flush()
+
+
 def _answers(base_url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{base_url}/health", timeout=2) as r:
@@ -368,18 +411,28 @@ def serve(uri: str, port: int = 5000, *, create: bool = False, verbose: bool = F
             except Exception as err:  # noqa: BLE001 - the view is a convenience, the UI is not
                 _say(f"(the runs view could not be written: {' '.join(str(err).split())[:300]})")
                 url = base_url
-            # The job runner (GenAI jobs) would be one more process tree, for nothing here.
-            env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
             proc = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
                  "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                  # The control panel, served by the same server (MLflow's app plugin).
                  "--app-name", "trl-rapidfire",
-                 # One access-log line per request (the UI polls) drowns what matters.
-                 *([] if verbose else ["--uvicorn-opts", "--no-access-log"])],
-                env=env, start_new_session=True, preexec_fn=_die_with_parent())
+                 # One access-log line per request (the UI polls) drowns what matters, and
+                 # uvicorn's "started" lines come before the links: its warnings and errors
+                 # only.
+                 *([] if verbose else ["--uvicorn-opts",
+                                       "--no-access-log --log-level warning"])],
+                env=_child_env(verbose), start_new_session=True,
+                preexec_fn=_die_with_parent(), stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, errors="replace")
+            passing = [threading.Thread(target=_pass_on, args=(source, sink, not verbose),
+                                        name="rapidfire-dashboard-output", daemon=True)
+                       for source, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
+            for thread in passing:
+                thread.start()
             while not _answers(base_url):
                 if proc.poll() is not None:
+                    for thread in passing:  # its last words first, then ours
+                        thread.join(timeout=5)
                     raise ChildProcessError(
                         f"mlflow server ended (exit code {proc.returncode}) before it answered "
                         f"on {base_url}; its output is above")

@@ -249,12 +249,16 @@ def knob_columns(knobs: Sequence[Mapping[str, Any]], run_names: Sequence[str] | 
     """The knobs whose values differ between the runs (``knobs``: each run's knob values: the
     shared state's, or its MLflow params), as table columns in first-seen order: at most
     :data:`KNOB_COLUMNS`, values cut to :data:`KNOB_CHARS` (``full``: all, whole). What all
-    runs share says nothing about any one of them. With ``run_names`` (MLflow params: the whole
-    config), a param whose value holds the run's own name (its ``output_dir``) differs too but
-    is no knob: left out."""
+    runs share says nothing about any one of them. A knob whose values are config objects
+    (a ``LoraConfig``) is shown by its fields (``peft_config.lora_alpha``:
+    :func:`~trl_rapidfire.reports.knob_fields.expand_knobs`). With ``run_names`` (MLflow
+    params: the whole config), a param whose value holds the run's own name (its
+    ``output_dir``) differs too but is no knob: left out."""
     from ..reports.display import clip, differing_keys
+    from ..reports.knob_fields import expand_knobs
     from ..reports.report import format_value
 
+    knobs = expand_knobs(knobs)  # a LoRA config's fields, each a column: the one that differs
     found = [(key, [format_value(run.get(key)) for run in knobs])
              for key in differing_keys(knobs, run_names)]
     shown = found if full else found[:KNOB_COLUMNS]

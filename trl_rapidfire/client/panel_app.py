@@ -2,9 +2,9 @@
 
 An MLflow *app plugin* (entry point ``mlflow.app`` named ``trl-rapidfire``): ``mlflow server
 --app-name trl-rapidfire`` (``trl-rapidfire dashboard`` starts it so) adds the panel at
-``/rapidfire/`` on the UI's own host and port. The page is static; everything it reads and
-writes goes through MLflow's own REST API from the browser (``runs/search``,
-``metrics/get-history``, ``runs/set-tag``), with the UI's origin. So the panel opens no new
+``/rapidfire/`` on the UI's own host and port. The page is static; what it writes goes through
+MLflow's own REST API from the browser (``runs/set-tag``), with the UI's origin, and it lists
+experiments with MLflow's ``experiments/search`` and ``runs/search``. So the panel opens no new
 way in: a button does what a person editing the run's ``rapidfire.op`` tag in the UI does, and
 works the same against a remote tracking server that has the plugin installed. One limit:
 ``mlflow server`` runs one app, so a server that needs MLflow's own login (``--app-name
@@ -25,6 +25,14 @@ A body that is not what the route takes (too large, not a JSON object, a field o
 type) is ``400`` with ``{"error": "bad request: ..."}``: an error is never a ``200``.
 
 Both take small JSON bodies only (bounded before parsing) and never touch the store.
+
+And reads of the store, in place of MLflow's ``runs/search`` (which answers every run's whole
+config): ``/rapidfire/api/runs`` (``GET ?experiment=<id>&rfid=<id>``, or ``POST`` with those
+and what the page holds), an experiment's runs as the table and curves need them, only what
+moved since the page's last refresh (:mod:`.panel_runs`); and ``GET /rapidfire/api/why``
+(same query), each knob's importance for the loss and the knobs as parallel axes
+(:mod:`.panel_why`). A bad query is ``400`` with ``{"error"}``. Nothing the plugin adds can
+write: the panel's ops go through MLflow's own ``runs/set-tag``.
 """
 
 from __future__ import annotations
@@ -38,8 +46,10 @@ __all__ = ["PANEL_PATH", "create_app", "panel_blueprint"]
 
 PANEL_PATH = "/rapidfire/"
 # The files the page is made of (nothing else is served from the package).
-_FILES = {"index.html": "text/html; charset=utf-8", "panel.js": "text/javascript; charset=utf-8",
-          "panel.css": "text/css; charset=utf-8"}
+_JS = "text/javascript; charset=utf-8"
+_FILES = {"index.html": "text/html; charset=utf-8", "panel.css": "text/css; charset=utf-8",
+          "panel.js": _JS, "panel_curves.js": _JS, "panel_table.js": _JS, "panel_clone.js": _JS,
+          "panel_why.js": _JS}
 _MAX_BODY = 16 * 1024
 _MAX_OP = 5000
 _MAX_FIELDS = 200
@@ -49,16 +59,16 @@ def _static(name: str) -> bytes:
     return resources.files("trl_rapidfire.client").joinpath("panel_static", name).read_bytes()
 
 
-def _body(request: Any) -> dict[str, Any]:
-    """The request's JSON object, bounded before it is parsed."""
+def _body(request: Any, limit: int = _MAX_BODY) -> dict[str, Any]:
+    """The request's JSON object, bounded (to ``limit`` bytes) before it is parsed."""
     length = request.content_length
-    if length is None or length > _MAX_BODY:
-        raise ValueError(f"a JSON body of at most {_MAX_BODY} bytes is expected")
+    if length is None or length > limit:
+        raise ValueError(f"a JSON body of at most {limit} bytes is expected")
     from ..storage.outside_text import loads
 
     # Bounded in depth too: a body of 16 KiB of "[" would exhaust the parser's recursion.
-    doc = loads(request.get_data(cache=False)[:_MAX_BODY], what="the request body",
-                max_bytes=_MAX_BODY)
+    doc = loads(request.get_data(cache=False)[:limit], what="the request body",
+                max_bytes=limit)
     if not isinstance(doc, dict):
         raise ValueError("a JSON object is expected")
     return doc
@@ -99,9 +109,21 @@ def clone_fields_answer(doc: dict[str, Any]) -> dict[str, Any]:
     return {"fields": [{"name": f, "refused": refused_by_name(f)} for f in fields]}
 
 
-def panel_blueprint() -> Any:
-    """The panel's routes, as a Flask blueprint (MLflow's server is a Flask app)."""
+def _served_store() -> Any:
+    """The tracking store the MLflow server serves (its handlers' own, made from the
+    ``--backend-store-uri`` that ``mlflow server`` passes its app in the environment)."""
+    from mlflow.server.handlers import _get_tracking_store
+
+    return _get_tracking_store()
+
+
+def panel_blueprint(store: Any = None) -> Any:
+    """The panel's routes, as a Flask blueprint (MLflow's server is a Flask app). ``store``:
+    the tracking store ``/api/runs`` reads (default: the one the server serves)."""
     from flask import Blueprint, Response, abort, request
+
+    from .panel_runs import MAX_HELD, parse_query, runs_answer
+    from .panel_why import why_answer
 
     prefix = os.environ.get("_MLFLOW_STATIC_PREFIX", "").rstrip("/")
     blueprint = Blueprint("trl_rapidfire_panel", __name__, url_prefix=prefix + "/rapidfire")
@@ -141,20 +163,43 @@ def panel_blueprint() -> Any:
     def clone_fields() -> Response:
         return answer(clone_fields_answer, 400)
 
+    def read(compute: Any) -> Response:
+        try:  # the query string, or (for the page's `held`, which can be long) a JSON body
+            args = request.args if request.method == "GET" else _body(request, MAX_HELD + 1024)
+            query = parse_query(args)
+        except ValueError as err:
+            return Response(json.dumps({"error": f"bad request: {err}"}), status=400,
+                            mimetype="application/json")
+        reply = compute(store if store is not None else _served_store(), query)
+        response = Response(json.dumps(reply, separators=(",", ":")),
+                            mimetype="application/json")
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    @blueprint.route("/api/runs", methods=["GET", "POST"])
+    def runs() -> Response:
+        return read(runs_answer)
+
+    @blueprint.get("/api/why")
+    def why() -> Response:
+        return read(why_answer)
+
     return blueprint
 
 
-def create_app(app: Any = None) -> Any:
+def create_app(app: Any = None, store: Any = None) -> Any:
     """MLflow's server with the panel added (the ``mlflow.app`` entry point's factory).
 
     MLflow serves its Flask app through uvicorn wrapped in its FastAPI app (its default), or
     directly under gunicorn or waitress: the same wrapping as MLflow's own ``basic-auth`` app.
+    ``store``: the tracking store the panel's ``/api/runs`` reads (a test's; default: the
+    server's own).
     """
     if app is None:
         from mlflow.server import app as mlflow_app
 
         app = mlflow_app
-    app.register_blueprint(panel_blueprint())
+    app.register_blueprint(panel_blueprint(store))
     if os.environ.get("_MLFLOW_SGI_NAME") == "uvicorn":
         from mlflow.server.fastapi_app import create_fastapi_app
 

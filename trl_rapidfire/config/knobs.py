@@ -406,6 +406,45 @@ def _yaml_range(field: str | None, low: Any, high: Any, **kwargs: Any) -> Range:
         raise KnobError(f"{err} In YAML: {_yaml_form(field, 'Range', None)}.") from None
 
 
+# A LoraConfig's fields that its description never shows: the three it always shows, and
+# what a config carries without a person choosing it (PEFT fills them in).
+_LORA_SHOWN = frozenset({"r", "lora_alpha", "target_modules", "task_type", "peft_type",
+                         "base_model_name_or_path", "revision", "inference_mode",
+                         "auto_mapping", "runtime_config"})
+_LORA_DEFAULTS: dict[type, Any] = {}
+
+
+def _lora_extras(value: Any) -> list[tuple[str, Any]]:
+    """The fields of a LoraConfig (a dataclass) set to something other than their default,
+    besides rank, alpha and targets: two configs that differ only in ``lora_dropout`` must not
+    be described alike (tables, MLflow params and the shared state show the description)."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(value):
+        return []
+    cls: Any = type(value)
+    if cls not in _LORA_DEFAULTS:
+        try:
+            _LORA_DEFAULTS[cls] = cls()
+        except Exception:  # noqa: BLE001 - no default instance: nothing to compare with
+            _LORA_DEFAULTS[cls] = None
+    default = _LORA_DEFAULTS[cls]
+    if default is None:
+        return []
+    out = []
+    for f in dataclasses.fields(value):
+        if f.name in _LORA_SHOWN:
+            continue
+        mine, theirs = getattr(value, f.name, None), getattr(default, f.name, None)
+        try:
+            differs = bool(mine != theirs)
+        except Exception:  # noqa: BLE001 - a value that cannot say: left out
+            continue
+        if differs:
+            out.append((f.name, mine))
+    return out
+
+
 def describe_value(value: Any) -> str:
     """A short human form of a knob value: functions by name, LoRA configs by rank, alpha and
     targets, generation configs by the fields set, everything else by ``repr``."""
@@ -418,7 +457,9 @@ def describe_value(value: Any) -> str:
         targets = value.target_modules
         if targets and not isinstance(targets, str):  # a string is a name or a pattern
             targets = sorted(targets)
-        return f"LoraConfig(r={value.r}, alpha={value.lora_alpha}, targets={targets!r})"
+        extra = "".join(f", {name}={field!r}" for name, field in _lora_extras(value))
+        return (f"LoraConfig(r={value.r}, alpha={value.lora_alpha}, targets={targets!r}"
+                f"{extra})")
     if type(value).__name__ == "GenerationConfig":
         fields = {k: v for k, v in value.to_diff_dict().items() if k != "transformers_version"}
         return "GenerationConfig(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"

@@ -12,7 +12,47 @@ from typing import Any, Protocol
 from ..runtime.workers import launcher_gone
 from ..shared_state.store import StateStore, renew
 
-__all__ = ["Interruptible", "LeaseKeeper", "WallClock", "install_sigint", "orphaned"]
+__all__ = ["Interruptible", "LeaseKeeper", "WallClock", "install_sigint", "orphaned",
+           "stopped_by_ctrl_c"]
+
+_GRACEFUL = ("stopped at a chunk boundary: every finished chunk is kept; run the same script "
+             "again to continue where it stopped.")
+_NOW = ("stopped at once, mid-chunk: each run is kept as of its last finished chunk (the "
+        "chunk in progress is trained again by a re-run of the same script).")
+_WHILE_WRITING = ("left while writing the runs' states: what was written is kept; the chunks "
+                  "not written yet are trained again by a re-run of the same script.")
+
+
+def stopped_by_ctrl_c(message: str = _GRACEFUL) -> KeyboardInterrupt:
+    """The ``KeyboardInterrupt`` that ends a ``train()`` call stopped by Ctrl-C: its message
+    is one line saying what was kept. A script that does not catch it ends with that line
+    alone, not a traceback, and still with Ctrl-C's exit status (CPython exits by SIGINT only
+    for a ``KeyboardInterrupt`` itself, no subclass: hence a marked instance); a notebook
+    shows the line alone too (IPython's ``_render_traceback_``)."""
+    line = f"trl-rapidfire: {message}"
+    err = KeyboardInterrupt(line)
+    err.rapidfire_line = line  # type: ignore[attr-defined]
+    err._render_traceback_ = lambda: [line]  # type: ignore[attr-defined]
+    return err
+
+
+def _quiet_hook(previous: Any) -> Any:
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        line = getattr(value, "rapidfire_line", None)
+        if isinstance(value, KeyboardInterrupt) and isinstance(line, str):
+            print(line, file=sys.stderr, flush=True)  # noqa: T201 - instead of its frames
+            return
+        previous(kind, value, tb)
+
+    hook.rapidfire_quiet = True  # type: ignore[attr-defined]
+    return hook
+
+
+def _install_quiet_exit() -> None:
+    """An uncaught :func:`stopped_by_ctrl_c` ends a script with its line, not a traceback; any
+    other exception goes to the hook that was there (set once per process)."""
+    if not getattr(sys.excepthook, "rapidfire_quiet", False):
+        sys.excepthook = _quiet_hook(sys.excepthook)
 
 
 class WallClock:
@@ -99,10 +139,13 @@ def install_sigint(engine: Interruptible) -> Any:
     """First Ctrl-C: finish the chunk in progress, then stop. Second: stop now."""
     if threading.current_thread() is not threading.main_thread():
         return None
+    _install_quiet_exit()
 
     def handler(signum: int, frame: Any) -> None:
         if engine.interrupted:
-            raise KeyboardInterrupt
+            # Raised wherever training is (a torch.save included); the run() call's ending
+            # still writes each run's last chunk boundary before it leaves (engine/core.py).
+            raise stopped_by_ctrl_c(_NOW)
         engine.interrupted = True
         print(  # noqa: T201 - the person pressing Ctrl-C needs to know what happens
             "\ntrl-rapidfire: stopping at the next chunk boundary (Ctrl-C again to stop now; "
@@ -125,7 +168,7 @@ def install_ending_sigint() -> Any:
 
     def handler(signum: int, frame: Any) -> None:
         if pressed:
-            raise KeyboardInterrupt
+            raise stopped_by_ctrl_c(_WHILE_WRITING)
         pressed.append(True)
         print(  # noqa: T201 - the person pressing Ctrl-C needs to know what happens
             "\ntrl-rapidfire: writing what was trained and the runs' states (a few seconds; "

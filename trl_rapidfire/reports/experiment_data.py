@@ -38,6 +38,7 @@ __all__ = [
     "load_experiment",
     "read_ops",
     "run_order",
+    "split_metrics",
 ]
 
 TRAIN_METRIC = "loss"
@@ -280,6 +281,18 @@ def _mlflow_histories(
     return histories, statuses, f"MLflow ({uri}, experiment {name!r})"
 
 
+def split_metrics(metric: str) -> list[str]:
+    """The metrics named in ``metric``: one, or two separated by a comma (``eval_loss,
+    accuracy``: a report's two objectives).
+
+    Raises:
+        ValueError: none, or more than two."""
+    names = [name.strip() for name in metric.split(",")]
+    if not 1 <= len(names) <= 2 or not all(names):
+        raise ValueError(f"a metric, or two separated by a comma, not {metric[:80]!r}")
+    return names
+
+
 def load_experiment(
     output_dir: str | os.PathLike,
     *,
@@ -293,7 +306,8 @@ def load_experiment(
     defaults to ``MLFLOW_TRACKING_URI`` or ``./mlflow.db``; ``experiment`` to
     ``MLFLOW_EXPERIMENT_NAME`` or the base name of ``output_dir``, as when tracking), else from
     each run's ``runs/<run>/final/trainer_state.json`` or its latest boundary checkpoint's.
-    Only the training ``loss`` and ``metric`` (or ``eval_<metric>``) are read.
+    Only the training ``loss`` and ``metric`` (or ``eval_<metric>``) are read; two metrics
+    (``eval_loss,accuracy``) read both.
 
     Raises:
         LookupError: ``output_dir`` holds no trl-rapidfire experiment.
@@ -310,9 +324,9 @@ def load_experiment(
     # A run in the rotation of an experiment no process trains now reads "interrupted".
     training = alive(Layout(root)) is not None
 
-    keys = [TRAIN_METRIC, metric]
-    if not metric.startswith("eval_"):
-        keys.append(f"eval_{metric}")
+    keys = [TRAIN_METRIC]
+    for name in split_metrics(metric):
+        keys += [name] if name.startswith("eval_") else [name, f"eval_{name}"]
     keys = list(dict.fromkeys(keys))
     tracked, tags, detail = _mlflow_histories(root, keys, tracking_uri, experiment)
 

@@ -15,18 +15,38 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..control.ops import OP_DEPTH, OpRecord
+from ..search.object_knobs import is_config_object
 from ..shared_state.runs import RunStatus
 from ..storage.outside_text import OP_TEXT_BYTES, NotJSON, loads
 from .display import differing_keys
+from .knob_fields import config_fields, expand_knobs
 from .report import format_value
 from .results import RunResult
 
-__all__ = ["INSTALL_HINT", "AskedOp", "CloneForm", "PanelTrainer", "answer_of",
-           "differing_knobs", "error_html", "muted_html", "parse_field", "widgets"]
+__all__ = ["INSTALL_HINT", "WARM_START", "AskedOp", "CloneForm", "PanelTrainer", "answer_of",
+           "differing_knobs", "error_html", "knob_value", "muted_html", "parse_field",
+           "widgets"]
 
 INSTALL_HINT = 'pip install "trl-rapidfire[notebook]"'
 # The knob every person tunes first: always offered in the clone form.
 _ALWAYS_OFFERED = ("learning_rate",)
+# The fields of a config object knob offered one by one even where the runs share them: a
+# LoRA config's rank, alpha, dropout and targets (other fields: "more").
+_OFFERED_FIELDS = ("r", "lora_alpha", "lora_dropout", "target_modules")
+_FIELDS_HINT = (
+    "Each field is a knob, or one field of a config object (<code>peft_config.lora_alpha"
+    "</code>), filled with the run's value. Only the fields you change are sent: JSON "
+    "(<code>1e-4</code>, <code>16</code>, <code>[\"q_proj\"]</code>) or plain text "
+    "(<code>cosine</code>); other overrides in <i>more</i> as a JSON object.")
+# What a warm start keeps and what starts over (engine/clones.py, trainers/run_builder.py's
+# _check_warm_start): said next to the checkbox, so nobody has to guess.
+WARM_START = (
+    "<b>Warm start</b> keeps the parent's trained weights (its LoRA adapter, or the whole "
+    "model without one) and its optimizer moments, as of its last finished chunk; the clone's "
+    "step count, learning-rate schedule (warm-up included) and data order start over from "
+    "step 0. It cannot change the adapter's shape (<code>r</code>, <code>target_modules"
+    "</code>, ...), the base model, or LoRA for full fine-tuning, and needs a parent with a "
+    "finished chunk. Unticked, the clone trains from scratch.")
 
 
 class PanelTrainer(Protocol):
@@ -94,8 +114,22 @@ def _field_text(value: Any) -> str:
 
 def differing_knobs(runs: Sequence[RunResult]) -> list[str]:
     """The knobs whose values are not the same in every run
-    (:func:`~.display.differing_keys`, the one rule of the tables and the panels)."""
-    return differing_keys([run.knobs for run in runs])
+    (:func:`~.display.differing_keys`, the one rule of the tables and the panels), a config
+    object by the fields that differ (:func:`~.knob_fields.expand_knobs`:
+    ``peft_config.lora_alpha``)."""
+    return differing_keys(expand_knobs([run.knobs for run in runs]))
+
+
+def knob_value(knobs: dict[str, Any], name: str) -> tuple[bool, Any]:
+    """``(found, value)`` of the knob ``name`` in a run's ``knobs``: a knob, or a dotted
+    field of a config object knob (``peft_config.r``)."""
+    if name in knobs:
+        return True, knobs[name]
+    head, dot, attr = name.partition(".")
+    fields = config_fields(knobs[head]) if dot and head in knobs else None
+    if fields is not None and attr in fields:
+        return True, fields[attr]
+    return False, None
 
 
 @dataclass
@@ -119,10 +153,12 @@ def answer_of(asked: AskedOp, run: str, log: Sequence[OpRecord]) -> OpRecord | N
 
 class CloneForm:
     """Clone a run: the run to clone from, a field for each knob that differs between runs
-    (and ``learning_rate``) pre-filled with that run's value, a field for more overrides as
-    a JSON object (dotted keys such as ``{"peft_config.r": 16}``), warm start, and a button.
-    Only the fields a person changed are sent: a knob shown in its short form (an object)
-    could not be sent back as text, and an unchanged value is the parent's anyway."""
+    (and ``learning_rate``), a config object knob field by field (``peft_config.r``,
+    ``peft_config.lora_alpha``, ...: the fields that differ, and a LoRA config's rank, alpha,
+    dropout and targets), each pre-filled with that run's value, a field for more overrides
+    as a JSON object, warm start (with what it keeps and what starts over), and a button.
+    Only the fields a person changed are sent (a dotted field as a dotted override): an
+    unchanged value is the parent's anyway."""
 
     def __init__(self, trainer: PanelTrainer,
                  on_asked: Callable[[str, AskedOp], None] | None = None) -> None:
@@ -141,8 +177,12 @@ class CloneForm:
                                tooltip="queue a clone; it is added at the next chunk boundary")
         self.answer = w.HTML()
         self._box = w.VBox()
-        self.widget = w.VBox([w.HTML("<b>Clone a run</b>"), self.source, self._box, self.more,
-                              w.HBox([self.warm, self.button]), self.answer])
+        self.hint = w.HTML(f'<span style="color:#666">{_FIELDS_HINT}</span>')
+        self.warm_hint = w.HTML(f'<span style="color:#666">{WARM_START}</span>',
+                                layout=w.Layout(max_width="760px"))
+        self.widget = w.VBox([w.HTML("<b>Clone a run</b>"), self.source, self.hint, self._box,
+                              self.more, w.HBox([self.warm, self.button]), self.warm_hint,
+                              self.answer])
         self._quiet = False
         self.source.observe(self._chosen, names="value")
         self.button.on_click(lambda _button: self.submit())
@@ -177,9 +217,20 @@ class CloneForm:
         result = self._runs.get(run) if run else None
         if result is None:
             return
-        names = [*self._knobs, *(k for k in _ALWAYS_OFFERED if k not in self._knobs)]
-        self._filled = {n: _field_text(result.knobs[n]) if n in result.knobs else ""
-                        for n in names}
+        objects = [f"{head}.{attr}" for head, value in result.knobs.items()
+                   if is_config_object(value)
+                   for attr in (config_fields(value) or {}) if attr in _OFFERED_FIELDS]
+        # A clone sets fields of a config object only (a dict knob is sent whole).
+        knobs = [n if is_config_object(result.knobs.get(n.partition(".")[0])) or n in
+                 result.knobs else n.partition(".")[0] for n in self._knobs]
+        names = list(dict.fromkeys([*knobs, *_ALWAYS_OFFERED, *objects]))
+        # A config object offered field by field is no field of its own (its whole text could
+        # not be sent back).
+        names = [n for n in names if not any(m.startswith(f"{n}.") for m in names)]
+        self._filled = {}
+        for name in names:
+            found, value = knob_value(result.knobs, name)
+            self._filled[name] = _field_text(value) if found else ""
         self.fields = {n: w.Text(description=n, value=text,
                                  placeholder="" if text else "unchanged",
                                  style={"description_width": "initial"})

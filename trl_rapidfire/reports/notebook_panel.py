@@ -1,9 +1,12 @@
 """The experiment's control panel in a Jupyter notebook: ``trainer.panel()``.
 
-The progress view (:mod:`.progress`) only shows; here a person also steers: per run buttons
-Stop / Resume / Delete / Clone, a clone form (:mod:`.notebook_form`), each op's answer once
-the experiment gave it, and the training loss of every run, all kept up to date at chunk
-boundaries while other cells run (or while a blocking ``train()`` keeps the kernel busy).
+The progress view (:mod:`.progress`) only shows; here a person also steers: each run's row
+(:mod:`.notebook_rows`) holds its cells and its Stop / Resume / Delete / Clone buttons and
+the answer to the op asked with them; a clone form (:mod:`.notebook_form`); the training loss
+by the browser panel's curve rules (:mod:`.notebook_curves`); filters by text and status over
+both. All kept up to date at chunk boundaries while other cells run (or while a blocking
+``train()`` keeps the kernel busy). The finished preprocessing bars that building the runs
+left in the cell are collapsed (:mod:`.notebook_bars`).
 
 The panel knows the trainer only through :class:`~.notebook_form.PanelTrainer`, the
 trainer's public face (its runs, ops, op log and schedule), so it never depends on how the
@@ -15,51 +18,34 @@ from __future__ import annotations
 
 import html
 import importlib.util
-import io
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..control.ops import OpRecord
-from ..shared_state.runs import RunStatus, shown_status
+from ..shared_state.runs import shown_status
+from .notebook_bars import finished_preprocessing_bars, show_bars
+from .notebook_curves import loss_png
 from .notebook_form import (
     AskedOp,
     CloneForm,
     PanelTrainer,
     answer_of,
-    differing_knobs,
     error_html,
     muted_html,
     widgets,
 )
-from .plot_style import run_styles
+from .notebook_rows import RunControls, RunsTable
 from .progress import notebook_display
-from .report import format_value
 from .results import RunResult
 
 __all__ = ["NotebookPanel", "PanelTrainer", "RunControls", "panel_can_show"]
 
-# Statuses the Stop button makes sense in (the buttons of the others are disabled, so a click
-# never asks for what the op desk would refuse anyway).
-_STOPPABLE = (RunStatus.PENDING, RunStatus.RUNNING)
-
-
-@dataclass
-class RunControls:
-    """One run's buttons and the answer to the last op asked with them."""
-
-    stop: Any
-    resume: Any
-    delete: Any
-    clone: Any
-    answer: Any
-    widget: Any
-
 
 class NotebookPanel:
     """A live view of an experiment that steers it: a header (chunks trained of all), the
-    runs table, per run buttons and their answers, a clone form and the training loss.
+    filters, the runs table (a row per run with its buttons and their answer), a clone form
+    and the training loss.
 
     A daemon thread polls the trainer cheaply (the lengths of the schedule and the op log,
     and whether it trains) every ``interval`` seconds and refreshes the widgets when they
@@ -93,17 +79,21 @@ class NotebookPanel:
         self._curves: dict[str, list[tuple[int, float]]] = {}
         self._curve_steps: dict[str, int] = {}  # each run's step when its curve was read
         self._asked: dict[str, AskedOp] = {}
-        self.rows: dict[str, RunControls] = {}
-        """Each run's buttons and answer line, by run name."""
         self.header = w.HTML()
         self.bar = w.IntProgress(min=0, max=1, value=0, description="chunks")
-        self.table = w.HTML()
+        self.table = RunsTable(self.ask, self._choose_clone, self._filters_changed)
+        self.rows: dict[str, RunControls] = self.table.rows
+        """Each run's row (its cells, buttons and answer line), by run name."""
         # Shown at its own size (700 px, the figure's): scaled up, it blurs.
         self.plot = w.Image(format="png", layout=w.Layout(width="700px"))
         self.form = CloneForm(trainer, on_asked=self._asked_clone)
-        self._controls = w.VBox()
-        self.widget = w.VBox([w.HBox([self.bar, self.header]), self.table, self._controls,
-                              self.form.widget, self.plot])
+        self.bars: list[Any] = []
+        """The finished preprocessing bars collapsed (see :mod:`.notebook_bars`)."""
+        self.show_bars = w.ToggleButton(value=False, layout=w.Layout(width="auto",
+                                                                      display="none"))
+        self.show_bars.observe(lambda _change: self._collapse_bars(), names="value")
+        self.widget = w.VBox([w.HBox([self.bar, self.header, self.show_bars]),
+                              self.table.widget, self.form.widget, self.plot])
         self.refresh()
 
     # ------------------------------------------------------------------ showing
@@ -136,9 +126,10 @@ class NotebookPanel:
             log = list(trainer.op_log)
             self._draw_header(runs, signature[0], signature[2])
             self.form.set_runs(runs)
-            self._draw_rows(runs, log)
-            self.table.value = self._table_html(runs, signature[2])
+            self.table.update(runs, signature[2])
+            self._draw_answers(runs, log)
             self._draw_plot(runs, signature[0])
+            self._collapse_bars()
             self._drawn = signature
             # Training seen, by a poll or a refresh: its end, once drawn, ends the polling.
             self._seen_training = self._seen_training or signature[2]
@@ -164,31 +155,11 @@ class NotebookPanel:
         self.bar.max = max(total if total is not None else done, 1)
         self.bar.value = min(done, self.bar.max)
 
-    def _table_html(self, runs: Sequence[RunResult], training: bool) -> str:
-        knobs = differing_knobs(runs)
-        head = ["run", "status", "steps", "loss", "eval_loss", *knobs, "last op"]
-        rows = [[run.name, shown_status(run.status, training=training), str(run.global_step),
-                 format_value(run.metrics.get("loss")), format_value(run.metrics.get("eval_loss")),
-                 *(format_value(run.knobs.get(k)) for k in knobs), run.last_op or ""]
-                for run in runs]
-        cell = '<td style="padding:0 8px;text-align:left">{}</td>'
-        lines = ["<tr>" + "".join(f'<th style="padding:0 8px;text-align:left">'
-                                  f"{html.escape(h)}</th>" for h in head) + "</tr>"]
-        lines += ["<tr>" + "".join(cell.format(html.escape(c)) for c in row) + "</tr>"
-                  for row in rows]
-        return "<table>" + "".join(lines) + "</table>"
-
-    def _draw_rows(self, runs: Sequence[RunResult], log: Sequence[OpRecord]) -> None:
+    def _draw_answers(self, runs: Sequence[RunResult], log: Sequence[OpRecord]) -> None:
+        """Each run's answer line: the experiment's answer to the op a button asked."""
         for run in runs:
-            if run.name not in self.rows:
-                self.rows[run.name] = self._new_row(run.name)
-                self._controls.children = [c.widget for c in self.rows.values()]
-            row = self.rows[run.name]
-            row.stop.disabled = run.status not in _STOPPABLE
-            row.resume.disabled = run.status != RunStatus.STOPPED
-            row.delete.disabled = row.clone.disabled = run.status == RunStatus.DELETED
-            asked = self._asked.get(run.name)
-            if asked is None:
+            row, asked = self.rows.get(run.name), self._asked.get(run.name)
+            if row is None or asked is None:
                 continue
             record = answer_of(asked, run.name, log)
             if record is not None:
@@ -197,18 +168,17 @@ class NotebookPanel:
             elif not self._trainer.training:
                 row.answer.value = muted_html(f"{asked.verb}: queued for the next train()")
 
-    def _new_row(self, run: str) -> RunControls:
-        w = widgets()
-        buttons = {verb: w.Button(description=verb.capitalize(), tooltip=f"{verb} {run}",
-                                  layout=w.Layout(width="80px"))
-                   for verb in ("stop", "resume", "delete", "clone")}
-        for verb in ("stop", "resume", "delete"):
-            buttons[verb].on_click(lambda _b, v=verb: self.ask(run, v))
-        buttons["clone"].on_click(lambda _b: self._choose_clone(run))
-        answer = w.HTML()
-        label = w.HTML(f"<code>{html.escape(run)}</code>", layout=w.Layout(width="70px"))
-        widget = w.HBox([label, *buttons.values(), answer])
-        return RunControls(answer=answer, widget=widget, **buttons)
+    def _collapse_bars(self) -> None:
+        """Hide the finished preprocessing bars (new ones too: a clone builds a trainer),
+        unless the toggle shows them; the toggle says how many there are."""
+        bars = finished_preprocessing_bars()
+        known = {id(bar) for bar in self.bars}
+        self.bars += [bar for bar in bars if id(bar) not in known]
+        show_bars(self.bars, bool(self.show_bars.value))
+        if self.bars:
+            verb = "hide" if self.show_bars.value else "show"
+            self.show_bars.description = f"{verb} {len(self.bars)} preprocessing bars"
+            self.show_bars.layout.display = ""
 
     def _draw_plot(self, runs: Sequence[RunResult], done: int) -> None:
         """Redraw the curves when a chunk was trained (the plot is the costly part of a
@@ -222,8 +192,15 @@ class NotebookPanel:
                 self._curve_steps[run.name] = run.global_step
                 self._curves[run.name] = self._trainer.metric_history(run.name, "loss")
         self._plotted = key
-        if any(self._curves.values()):
-            self.plot.value = _loss_png(self._curves)
+        shown = {name: self._curves.get(name, []) for name in self.table.shown}
+        if any(self._curves.values()):  # filtered down to none: empty axes, not stale lines
+            self.plot.value = loss_png(shown)
+
+    def _filters_changed(self) -> None:
+        """The filters moved: the curves show the runs the table shows."""
+        with self._lock:
+            self._plotted = None
+            self._draw_plot(list(self._trainer.runs), len(self._trainer.schedule))
 
     # ------------------------------------------------------------------ steering
 
@@ -317,27 +294,3 @@ def _close_all(widget: Any) -> None:
     for child in getattr(widget, "children", ()):
         _close_all(child)
     widget.close()
-
-
-def _loss_png(curves: dict[str, list[tuple[int, float]]]) -> bytes:
-    """The training loss of each run against its steps, as PNG bytes, each run in its colour,
-    line style and marker of ``trl-rapidfire report`` (:mod:`.plot_style`). A bare ``Figure``
-    (no pyplot): nothing global, so it is safe from the polling thread and opens no window."""
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(7, 3), dpi=100)
-    axes = figure.add_subplot()
-    styles = run_styles(list(curves))
-    for name, points in curves.items():
-        if points:
-            steps, losses = zip(*points)
-            axes.plot(steps, losses, label=name, markersize=3, **styles[name].line())
-    axes.set_xlabel("step")
-    axes.set_ylabel("training loss")
-    axes.grid(alpha=0.3)
-    if len(curves) <= 20:  # beyond, a legend would cover the plot: the table names them
-        axes.legend(fontsize="small", loc="upper right")
-    figure.tight_layout()
-    out = io.BytesIO()
-    figure.savefig(out, format="png")
-    return out.getvalue()

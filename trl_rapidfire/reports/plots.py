@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import LineCollection
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -36,15 +37,36 @@ from .experiment_data import (
     RunData,
     load_experiment,
     run_order,
+    split_metrics,
 )
 from .op_marks import Marker, PlacedMarker, draw_markers, legend_entries, op_markers
 from .plot_legend import fit_legends, legend_style, run_labels
-from .plot_style import RunStyle, run_styles
-from .report import format_value, pareto_front, search_rows
+from .plot_style import RunStyle
+from .summary import (
+    LEARNING_CURVES,
+    PARETO,
+    SCHEDULE,
+    SUMMARY,
+    WHY_WINS,
+    rank_runs,
+    summary_markdown,
+)
+from .top_runs import (
+    GREY,
+    GREY_WIDTH,
+    MANY_RUNS,
+    TOP_K,
+    EndLabel,
+    draw_end_labels,
+    end_label_texts,
+    highlight,
+    place_end_labels,
+)
+from .why_wins_plots import WhyWins, pareto_figure, why_wins, why_wins_figure
 
 # ExperimentData, OpEvent, RunData and load_experiment live in experiment_data.py, Marker and
-# op_markers in op_marks.py; they are still imported from here, where the report's public API
-# has always been.
+# op_markers in op_marks.py, rank_runs and summary_markdown in summary.py; they are still
+# imported from here, where the report's public API has always been.
 __all__ = [
     "ExperimentData",
     "Marker",
@@ -62,10 +84,6 @@ __all__ = [
     "summary_markdown",
     "write_report",
 ]
-
-LEARNING_CURVES = "learning_curves.png"
-SCHEDULE = "schedule.png"
-SUMMARY = "summary.md"
 
 _DPI = 110
 # A run's curve width where no other curve lies on it (see curve_overlap for where it is wider).
@@ -88,8 +106,12 @@ class ReportFiles:
         source, source_detail: where the metrics came from (see :class:`ExperimentData`).
         metric: the metric key the runs were ranked by (``None`` if no run logged it).
         curves: panel (metric key) -> number of run curves drawn in it.
-        markers: the op markers drawn, the rejected ops' included (``rejected``).
+        markers: the op markers, the rejected ops' included (``rejected``); past
+            :data:`~.top_runs.MANY_RUNS` runs only the coloured runs' are drawn.
         ranking: run names, best first, as in the summary table.
+        why_wins, pareto: the "why a config wins" figures (``None`` where not drawn: no
+            metric; a Pareto front needs two).
+        why: what they show (see :class:`~.why_wins_plots.WhyWins`).
     """
 
     learning_curves: Path
@@ -101,10 +123,15 @@ class ReportFiles:
     curves: dict[str, int]
     markers: tuple[Marker, ...]
     ranking: tuple[str, ...]
+    why_wins: Path | None = None
+    pareto: Path | None = None
+    why: WhyWins | None = None
 
     @property
-    def paths(self) -> tuple[Path, Path, Path]:
-        return (self.learning_curves, self.schedule, self.summary)
+    def paths(self) -> tuple[Path, ...]:
+        """Every file written."""
+        extra = tuple(p for p in (self.why_wins, self.pareto) if p is not None)
+        return (self.learning_curves, self.schedule, self.summary, *extra)
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -119,28 +146,6 @@ def resolve_metric(data: ExperimentData, metric: str) -> str | None:
     return None
 
 
-def rank_runs(data: ExperimentData, key: str | None, mode: str | None = None) -> list[RunData]:
-    """The runs best first by their latest ``key``; runs without it last, in run order.
-
-    ``mode``: ``min`` or ``max``; default ``min`` for names ending in ``loss``, else ``max``.
-    """
-    runs = list(data.runs.values())
-    if key is None:
-        return runs
-    mode = mode or ("min" if key.endswith("loss") else "max")
-    sign = 1.0 if mode == "min" else -1.0
-    scored = [r for r in runs if r.latest(key) is not None]
-    unscored = [r for r in runs if r.latest(key) is None]
-
-    def score(run: RunData) -> float:
-        value = run.latest(key)
-        assert value is not None  # only the scored runs are sorted
-        return sign * value
-
-    # sorted() is stable: ties keep run order.
-    return sorted(scored, key=score) + unscored
-
-
 # ----------------------------------------------------------------------------- drawing
 
 
@@ -151,7 +156,8 @@ def _new_figure(width: float, height: float) -> Figure:
 
 
 def _draw_curves(ax: Any, series: dict[str, tuple[np.ndarray, np.ndarray]],
-                 styles: dict[str, RunStyle], names: Sequence[str]) -> None:
+                 styles: dict[str, RunStyle], names: Sequence[str], end_names: bool = True
+                 ) -> None:
     """One curve per run of ``series`` (in run order, later ones on top), wider where later
     curves lie on it, and the names of the runs whose curves end on another's at their end
     (see :mod:`.curve_overlap`)."""
@@ -166,7 +172,7 @@ def _draw_curves(ax: Any, series: dict[str, tuple[np.ndarray, np.ndarray]],
         ax.plot(xs, ys, linewidth=_LINE_WIDTH + CASING_STEP * wider[name], markersize=5,
                 markerfacecolor="none", markevery=(start, 0.1) if dense else None,
                 gid=f"curve:{name}", **styles[name].line())
-    for end in ends_on_others(series, tol):
+    for end in ends_on_others(series, tol) if end_names else ():
         # Up and to the left of the end, inside the axes: the curves run left to right.
         text = ax.annotate(", ".join(end.runs), (end.x, end.y), xytext=(-6, 6),
                            textcoords="offset points", ha="right", va="bottom",
@@ -177,28 +183,71 @@ def _draw_curves(ax: Any, series: dict[str, tuple[np.ndarray, np.ndarray]],
         text.set_in_layout(False)  # the axes' place must not depend on where curves end
 
 
+def _series(data: ExperimentData, key: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    series = {}
+    for run in data.runs.values():
+        points = [(s, v) for s, v in run.history.get(key, []) if math.isfinite(v)]
+        if points:
+            series[run.name] = (np.array([s for s, _ in points], dtype=float),
+                                np.array([v for _, v in points], dtype=float))
+    return series
+
+
+def _draw_grey(ax: Any, series: dict[str, tuple[np.ndarray, np.ndarray]],
+               styles: dict[str, RunStyle]) -> None:
+    # The runs not among the best: thin, under the coloured ones, one artist for them all
+    # (500 lines as one collection draw in a fraction of the time).
+    segments = [np.column_stack(xy) for xy in series.values()]
+    if segments:
+        ax.add_collection(LineCollection(segments, colors=next(iter(styles.values())).color,
+                                         linewidths=GREY_WIDTH, alpha=0.6, zorder=1,
+                                         gid="grey-curves"))
+        ax.autoscale_view()
+
+
 def learning_curves_figure(
     data: ExperimentData, metric: str | None, markers: Sequence[Marker] | None = None,
+    *, ranking: Sequence[str] | None = None, top: int = TOP_K,
+    label_knobs: Sequence[str] = (),
 ) -> tuple[Figure, dict[str, int]]:
     """The figure of ``learning_curves.png`` (see :func:`plot_learning_curves`), not saved,
-    and panel (metric key) -> number of run curves drawn in it."""
+    and panel (metric key) -> number of run curves drawn in it.
+
+    Past :data:`~.top_runs.MANY_RUNS` runs, only the ``top`` best of ``ranking`` (default:
+    :func:`rank_runs` by ``metric``, else by the training loss) are in colour, labelled at
+    their curves' ends (with the first two of ``label_knobs``, the knobs by importance, that
+    differ between them), with their ops marked; the others are thin and grey."""
     markers = op_markers(data, rejected=True) if markers is None else markers
     panels = [TRAIN_METRIC] + ([metric] if metric and metric != TRAIN_METRIC else [])
     names = list(data.runs)
-    styles = run_styles(names)
+    if ranking is None:
+        ranking = [r.name for r in rank_runs(data, metric or TRAIN_METRIC)]
+    styles, coloured = highlight(names, ranking, top)
+    many = len(names) > MANY_RUNS
+    if many:
+        markers = [m for m in markers if m.run in set(coloured)]
     axes_width = 5.2 * len(panels)
     fig = _new_figure(axes_width + 3.0, 4.6)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     counts: dict[str, int] = {}
     drawn: dict[str, None] = {}  # the runs with a curve in any panel, in run order
+    end_labels: list[EndLabel] = []
     for ax, key in zip(axes, panels):
-        series = {}
-        for run in data.runs.values():
-            points = [(s, v) for s, v in run.history.get(key, []) if math.isfinite(v)]
-            if points:
-                series[run.name] = (np.array([s for s, _ in points], dtype=float),
-                                    np.array([v for _, v in points], dtype=float))
-        _draw_curves(ax, series, styles, names)
+        series = _series(data, key)
+        shown = {n: series[n] for n in names if n in series and n in set(coloured)}
+        if many:
+            _draw_grey(ax, {n: xy for n, xy in series.items() if n not in shown},
+                       {n: styles[n] for n in series if n not in shown})
+            # Best on top: the coloured runs drawn worst first.
+            ordered = {n: shown[n] for n in reversed(coloured) if n in shown}
+            _draw_curves(ax, ordered, styles, names, end_names=False)
+            label_texts = end_label_texts([data.runs[n] for n in coloured],
+                                          knobs=key == panels[-1], order=label_knobs)
+            end_labels += draw_end_labels(ax, {n: (float(xy[0][-1]), float(xy[1][-1]))
+                                               for n, xy in ordered.items()}, label_texts,
+                                          styles)
+        else:
+            _draw_curves(ax, series, styles, names)
         # In the order the ops were handled, which is the order side by side.
         draw_markers(ax, [PlacedMarker(m, m.step, float(np.interp(m.step, *series[m.run])),
                                        styles[m.run].color)
@@ -214,30 +263,42 @@ def learning_curves_figure(
             ax.text(0.5, 0.5, f"no run logged {key}", transform=ax.transAxes, ha="center",
                     va="center", color="gray")
 
-    # One legend entry per run, whichever panels it has points in, naming only the knobs
-    # that differ between the runs drawn. Its key is the run's style at the usual width
-    # (a curve is drawn wider only where others lie on it).
-    runs = [data.runs[n] for n in names if n in drawn]
-    labels = run_labels(runs)
-    handles = [Line2D([], [], linewidth=_LINE_WIDTH, markersize=5, markerfacecolor="none",
-                      **styles[run.name].line()) for run in runs]
-    texts = [labels[run.name] for run in runs]
     legends = []
-    if handles:
-        legends.append(fig.legend(handles, texts, loc="outside right upper", title="runs",
-                                  **legend_style(texts)))
+    if many:
+        others = len(drawn) - len(set(coloured) & set(drawn))
+        by = metric or TRAIN_METRIC
+        legends.append(fig.legend(
+            [Line2D([], [], linewidth=_LINE_WIDTH, color=styles[coloured[0]].color),
+             Line2D([], [], linewidth=GREY_WIDTH, color=GREY)],
+            [f"the best {len(coloured)} by {by}\n(labelled at their ends)",
+             f"{others} other runs"], loc="outside right upper", title="runs",
+            fontsize="small"))
+    else:
+        # One legend entry per run, whichever panels it has points in, naming only the knobs
+        # that differ between the runs drawn. Its key is the run's style at the usual width
+        # (a curve is drawn wider only where others lie on it).
+        runs = [data.runs[n] for n in names if n in drawn]
+        labels = run_labels(runs)
+        handles = [Line2D([], [], linewidth=_LINE_WIDTH, markersize=5, markerfacecolor="none",
+                          **styles[run.name].line()) for run in runs]
+        texts = [labels[run.name] for run in runs]
+        if handles:
+            legends.append(fig.legend(handles, texts, loc="outside right upper", title="runs",
+                                      **legend_style(texts)))
     keys, texts = legend_entries(markers)
     if keys:
         legends.append(fig.legend(keys, texts, loc="outside right lower", fontsize="small",
-                                  title="ops"))
+                                  title="ops" if not many else "ops (of the coloured runs)"))
     title = fig.suptitle(f"{data.name}: learning curves (metrics from {data.source})")
     fit_legends(fig, legends, axes_width, min_height=4.6, title=title)
+    place_end_labels(fig, end_labels)
     return fig, counts
 
 
 def plot_learning_curves(
     data: ExperimentData, path: str | os.PathLike, metric: str | None,
-    markers: Sequence[Marker] | None = None,
+    markers: Sequence[Marker] | None = None, *, ranking: Sequence[str] | None = None,
+    label_knobs: Sequence[str] = (),
 ) -> dict[str, int]:
     """Draw ``learning_curves.png``: one panel for the training ``loss`` and one for
     ``metric`` (a logged key, e.g. ``eval_loss``; none when ``None`` or ``loss``), one curve
@@ -249,15 +310,18 @@ def plot_learning_curves(
     Returns:
         panel (metric key) -> number of run curves drawn in it.
     """
-    fig, counts = learning_curves_figure(data, metric, markers)
+    fig, counts = learning_curves_figure(data, metric, markers, ranking=ranking,
+                                         label_knobs=label_knobs)
     # "tight" keeps anything that still reaches past the figure's edge in the image.
     fig.savefig(path, bbox_inches="tight", pad_inches=0.1)
     return counts
 
 
-def schedule_figure(data: ExperimentData) -> tuple[Figure, int]:
+def schedule_figure(data: ExperimentData, *, ranking: Sequence[str] | None = None,
+                    top: int = TOP_K) -> tuple[Figure, int]:
     """The figure of ``schedule.png`` (see :func:`plot_schedule`), not saved, and the number
-    of bars."""
+    of bars. Past :data:`~.top_runs.MANY_RUNS` runs, the bars of the ``top`` best of
+    ``ranking`` are in their colours of the learning curves, the others grey."""
     chunks = data.schedule
     workers = sorted({c.worker for c in chunks})
     height = max(3.4, 1.6 + 0.55 * len(workers))
@@ -270,7 +334,10 @@ def schedule_figure(data: ExperimentData) -> tuple[Figure, int]:
         return fig, 0
     # The runs' looks as in the learning curves (by run index); a run the schedule names and
     # the state does not (deleted meanwhile) still gets its own.
-    styles = run_styles(list(dict.fromkeys([*data.runs, *(c.run for c in chunks)])))
+    names = list(dict.fromkeys([*data.runs, *(c.run for c in chunks)]))
+    if ranking is None:
+        ranking = [r.name for r in rank_runs(data, TRAIN_METRIC)]
+    styles, coloured = highlight(names, ranking, top)
     t0 = min(c.start_time for c in chunks)
     row = {w: i for i, w in enumerate(workers)}
     labels = []
@@ -295,10 +362,17 @@ def schedule_figure(data: ExperimentData) -> tuple[Figure, int]:
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     seen = sorted(dict.fromkeys(c.run for c in chunks), key=run_order)
+    if len(names) > MANY_RUNS:
+        others = len(seen) - len(set(seen) & set(coloured))
+        seen = [n for n in coloured if n in set(seen)]
     handles = [Patch(facecolor=styles[n].color, hatch=styles[n].hatch or None,
                      edgecolor="white") for n in seen]
-    legend = fig.legend(handles, seen, loc="outside right upper", title="runs",
-                        **legend_style(seen))
+    texts = list(seen)
+    if len(names) > MANY_RUNS:
+        texts = [f"#{coloured.index(n) + 1} {n}" for n in seen] + [f"{others} other runs"]
+        handles.append(Patch(facecolor=GREY, edgecolor="white"))
+    legend = fig.legend(handles, texts, loc="outside right upper", title="runs",
+                        **legend_style(texts))
     span = max(c.end_time for c in chunks) - t0
     title = fig.suptitle(f"{data.name}: chunks by worker ({len(chunks)} chunks in {span:.1f} s; "
                          "numbers: the run's chunk)")
@@ -325,74 +399,14 @@ def _drop_labels_that_do_not_fit(fig: Figure, ax: Any, labels: Sequence[Any]) ->
             text.remove()
 
 
-def plot_schedule(data: ExperimentData, path: str | os.PathLike) -> int:
+def plot_schedule(data: ExperimentData, path: str | os.PathLike, *,
+                  ranking: Sequence[str] | None = None) -> int:
     """Draw ``schedule.png``: one row per worker, one bar per trained chunk from its start to
     its end (seconds since the first chunk started), coloured by run and labelled with the
     run's chunk number where the label fits inside its bar. Returns the number of bars."""
-    fig, bars = schedule_figure(data)
+    fig, bars = schedule_figure(data, ranking=ranking)
     fig.savefig(path, bbox_inches="tight", pad_inches=0.1)
     return bars
-
-
-# ----------------------------------------------------------------------------- summary
-
-
-def _cell(text: Any) -> str:
-    return str(text).replace("\n", " ").replace("|", "\\|")
-
-
-def summary_markdown(
-    data: ExperimentData, metric: str | None, requested: str = "eval_loss",
-    images: Sequence[str] = (LEARNING_CURVES, SCHEDULE),
-) -> str:
-    """The markdown summary: where the metrics came from, a table of the runs ranked by
-    ``metric`` (a logged key; ``requested`` is what was asked for, named when no run logged
-    it) with status, steps, the metric, the number of ops on each run and the last op's result,
-    then the ``images`` linked."""
-    ranked = rank_runs(data, metric)
-    mode = ("min" if metric.endswith("loss") else "max") if metric else None
-    ops_of: dict[str, list[OpEvent]] = {}
-    for op in data.ops:
-        ops_of.setdefault(op.run, []).append(op)
-    lines = [f"# Experiment report: {_cell(data.name)}", "",
-             f"- output_dir: `{data.output_dir}`",
-             f"- metrics from: {_cell(data.source_detail)}"]
-    if metric:
-        lines.append(f"- ranked by: `{metric}` (latest value, {mode} is best)")
-    else:
-        lines.append(f"- ranked by: no run logged `{requested}`; runs in run order")
-    if data.schedule:
-        span = max(c.end_time for c in data.schedule) - min(c.start_time for c in data.schedule)
-        workers = len({c.worker for c in data.schedule})
-        lines.append(f"- {len(data.runs)} runs, {len(data.schedule)} chunks on {workers} "
-                     f"worker(s) in {span:.1f} s, {len(data.ops)} op(s)")
-    lines += ["", f"| rank | run | status | steps | {metric or requested} | ops | last op | "
-              "knobs |", "| ---: | --- | --- | ---: | ---: | ---: | --- | --- |"]
-    rank = 0
-    for run in ranked:
-        value = run.latest(metric) if metric else None
-        if value is not None:
-            rank += 1
-        mine = ops_of.get(run.name, [])
-        knobs = ", ".join(f"{k}={format_value(v)}" for k, v in run.knobs.items())
-        lines.append("| " + " | ".join(_cell(x) for x in (
-            rank if value is not None else "-", run.name, run.status or "-",
-            "-" if run.steps is None else run.steps, format_value(value), len(mine),
-            mine[-1].result if mine else "", knobs)) + " |")
-    rows = search_rows(data.search)
-    if rows:
-        lines += ["", "## Search", "", "What the sampler proposed, when (after its first "
-                  "proposal), and what it was told (`search.csv`).", "",
-                  "| trial | run | proposed | params | told |", "| ---: | --- | --- | --- | --- |"]
-        lines += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in rows]
-        front = pareto_front(data.search)
-        if front is not None:
-            lines += ["", f"Pareto front (no run better in every objective): "
-                      f"{', '.join(front) or '-'}"]
-    for image in images:
-        title = Path(image).stem.replace("_", " ").capitalize()
-        lines += ["", f"## {title}", "", f"![{title}]({image})"]
-    return "\n".join(lines) + "\n"
 
 
 def write_report(
@@ -402,13 +416,16 @@ def write_report(
     tracking_uri: str | None = None,
     experiment: str | None = None,
 ) -> ReportFiles:
-    """Write ``learning_curves.png``, ``schedule.png`` and ``summary.md`` for the experiment
-    in ``output_dir`` into ``out_dir`` (created if missing).
+    """Write ``learning_curves.png``, ``schedule.png``, ``why_wins.png`` (with two metrics,
+    ``pareto.png`` too) and ``summary.md`` for the experiment in ``output_dir`` into
+    ``out_dir`` (created if missing).
 
     Args:
         metric: the metric to plot beside the training loss and to rank the runs by
             (``eval_loss``; a name without ``eval_`` also finds ``eval_<name>``); lower is
-            better for names ending in ``loss``, else higher.
+            better for names ending in ``loss``, else higher. Two, separated by a comma
+            (``eval_loss,accuracy``): the runs are ranked by the first, and the Pareto front
+            of both is drawn.
         tracking_uri, experiment: the MLflow store and experiment name, defaulting as when
             the experiment was tracked (see :func:`load_experiment`).
 
@@ -417,16 +434,34 @@ def write_report(
 
     Raises:
         LookupError: ``output_dir`` holds no trl-rapidfire experiment.
+        ValueError: ``metric`` names no metric, or more than two.
     """
+    first, *rest = split_metrics(metric)
     data = load_experiment(output_dir, metric=metric, tracking_uri=tracking_uri,
                            experiment=experiment)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    key = resolve_metric(data, metric)
+    key = resolve_metric(data, first)
+    second = resolve_metric(data, rest[0]) if rest else None
     markers = op_markers(data, rejected=True)
-    curves = plot_learning_curves(data, out / LEARNING_CURVES, key, markers)
-    plot_schedule(data, out / SCHEDULE)
-    (out / SUMMARY).write_text(summary_markdown(data, key, metric), encoding="utf-8")
+    ranking = [r.name for r in rank_runs(data, key or TRAIN_METRIC)]
+    why = why_wins(data, key, second) if key else None
+    important = [k for k, _ in why.importance] if why else []
+    curves = plot_learning_curves(data, out / LEARNING_CURVES, key, markers, ranking=ranking,
+                                  label_knobs=important)
+    plot_schedule(data, out / SCHEDULE, ranking=ranking)
+    images = [LEARNING_CURVES, SCHEDULE]
+    if why is not None:
+        why_wins_figure(data, why).savefig(out / WHY_WINS, bbox_inches="tight", pad_inches=0.1)
+        images.append(WHY_WINS)
+        if second:
+            pareto_figure(data, why).savefig(out / PARETO, bbox_inches="tight",
+                                             pad_inches=0.1)
+            images.append(PARETO)
+    (out / SUMMARY).write_text(summary_markdown(data, key, first, images, why),
+                               encoding="utf-8")
     return ReportFiles(out / LEARNING_CURVES, out / SCHEDULE, out / SUMMARY, data.source,
                        data.source_detail, key, curves, tuple(markers),
-                       tuple(r.name for r in rank_runs(data, key)))
+                       tuple(r.name for r in rank_runs(data, key)),
+                       out / WHY_WINS if WHY_WINS in images else None,
+                       out / PARETO if PARETO in images else None, why)

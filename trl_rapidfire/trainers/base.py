@@ -23,6 +23,7 @@ from transformers.trainer_utils import TrainOutput
 from ..config.configs import RFConfigError, RFConfigMixin
 from ..control.ops import OpRecord
 from ..engine import Engine, RunSlot, RunTrainer
+from ..engine.lifetime import stopped_by_ctrl_c
 from ..reports.notebook_panel import NotebookPanel, panel_can_show
 from ..reports.results import RunResult, metric_points, pick_best
 from ..runtime.accelerate_state import (
@@ -260,10 +261,7 @@ class RFTrainerMixin:
             raise RFConfigError(str(err)) from None
         engine.run()
         if engine.interrupted:
-            raise KeyboardInterrupt(
-                "trl-rapidfire stopped at a chunk boundary; run the same script again to "
-                "continue where it stopped."
-            )
+            raise stopped_by_ctrl_c()  # one line, not a traceback (engine/lifetime.py)
         failures = engine.failures()
         best = self.best_run
         if best is None:

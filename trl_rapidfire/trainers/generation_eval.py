@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from ..config.generation import generation_config_from
 from ..storage.own_files import write_under
 
 __all__ = ["Example", "GenerationEval", "Scorer", "answer", "examples_of", "exact_match",
+           "generation_file_name", "generation_file_step",
            "prompt_ids"]
 
 Scorer = Callable[[EvalPrediction], Mapping[str, float]]
@@ -47,6 +49,25 @@ label_ids=[reference, ...])`` (decoded text, in eval-set order) to ``{name: valu
 
 # Characters of each prompt, answer and reference written to the saved samples.
 _SAVED_CHARS = 2000
+# Step numbers in file names are zero-padded to this many digits, so that a folder lists them
+# in step order (eval-step-00000096 before eval-step-00000128); a run of more steps than that
+# gets longer names, which still read back (generation_file_step).
+_STEP_DIGITS = 8
+_FILE_NAME = re.compile(r"(eval(?:_[A-Za-z0-9_.-]{1,200})?)-step-(\d{1,20})\.jsonl")
+
+
+def generation_file_name(prefix: str, step: int) -> str:
+    """The name of the file that keeps what a run generated at ``step`` for the eval set of
+    ``prefix``: ``eval-step-00000096.jsonl``."""
+    return f"{prefix}-step-{step:0{_STEP_DIGITS}d}.jsonl"
+
+
+def generation_file_step(name: str) -> tuple[str, int] | None:
+    """``(prefix, step)`` of a generation file's name, zero-padded or not (names written
+    before the padding: ``eval-step-96.jsonl``); ``None`` for any other name. Sort a folder's
+    files by it to read them in step order whatever their names' form."""
+    found = _FILE_NAME.fullmatch(name)
+    return None if found is None else (found.group(1), int(found.group(2)))
 
 
 @dataclass(frozen=True)
@@ -258,5 +279,5 @@ class GenerationEval:
             }, ensure_ascii=False))
         # The one write path below the run's folder: prompts and answers never follow a
         # link out of the experiment (docs/security.md).
-        write_under(root, run_dir / "generations" / f"{prefix}-step-{step}.jsonl",
+        write_under(root, run_dir / "generations" / generation_file_name(prefix, step),
                     "\n".join(lines) + "\n")

@@ -1,10 +1,16 @@
 "use strict";
 // The trl-rapidfire control panel (served by the MLflow app plugin, trl_rapidfire/client/
-// panel_app.py). Everything it reads and writes goes through MLflow's own REST API, from this
-// page's origin: a button sets the run's `rapidfire.op` tag, exactly what a person editing
-// the tag in MLflow's UI does; the experiment applies it at the run's next chunk boundary and
-// answers in `rapidfire.op.result`, which the row then shows. Text read from the store is
-// only ever put into the page as text (textContent), never as markup.
+// panel_app.py): its state, its refresh and its ops. The table, the curves, the clone form
+// and the "why a config wins" view are panel_table.js, panel_curves.js, panel_clone.js and
+// panel_why.js (loaded before this one).
+//
+// A refresh reads the plugin's lean route (/rapidfire/api/runs: only the fields the table and
+// the curves show, and from the second refresh on only the runs that moved and their new loss
+// points); the experiments menu comes from MLflow's REST API. A button sets the run's
+// `rapidfire.op` tag through MLflow's own runs/set-tag, exactly what a person editing the tag
+// in MLflow's UI does; the experiment applies it at the run's next chunk boundary and answers
+// in `rapidfire.op.result`, which the row then shows. Text read from the store is only ever
+// put into the page as text (textContent), never as markup.
 
 const ROOT = location.pathname.replace(/rapidfire\/?(index\.html)?$/, "");
 const API = ROOT + "ajax-api/2.0/mlflow/";
@@ -17,27 +23,11 @@ const TAG = {
 };
 const REFRESH_MS = 2000;
 const HEARTBEAT_STALE_S = 180;  // as trl_rapidfire.tracking.tags.HEARTBEAT_STALE
-const HISTORIES_PER_REFRESH = 10;  // curve fetches per refresh: a refresh stays cheap at 500 runs
-const MAX_KNOB_COLUMNS = 8;
-// A run's look, by its run index, as in trl-rapidfire report's figures
-// (trl_rapidfire/reports/plot_style.py: PALETTE, LINE_STYLES and run_style; a test holds them
-// equal): 20 colours, and a line style that shifts with each round of 20 runs.
-const PALETTE = [
-  "#1f77b4", "#b4b41e", "#960000", "#ff78c3", "#005a1e",
-  "#781e87", "#ff874b", "#00c3b4", "#785a00", "#a5b4ff",
-  "#a56969", "#2da53c", "#00c3ff", "#007878", "#9669d2",
-  "#c38700", "#a5004b", "#87875a", "#3c4b78", "#b45a1e",
-];
-const DASHES = [[], [6, 3], [6, 3, 1, 3], [1, 3]];  // "-", "--", "-.", ":"
-function runStyle(index) {
-  const i = Math.max(index, 0), rounds = Math.floor(i / PALETTE.length);
-  return {colour: PALETTE[i % PALETTE.length], dash: DASHES[(i + rounds) % DASHES.length]};
-}
-const DONE = new Set(["completed", "stopped", "failed", "deleted"]);
 
 const state = {
-  experiments: [], current: null, runs: [], knobs: [], sent: {}, history: {},
-  refreshes: 0, cloneOf: null, cloneFields: [],
+  experiments: [], current: null, runs: [], knobs: [], sent: {}, history: {}, loaded: false,
+  refreshes: 0, cloneOf: null, cloneFields: [], pinned: new Set(), hot: null, filter: "",
+  hiddenStatuses: new Set(), topK: 10, bytes: 0,
 };
 window.rfPanel = state;  // what a test (or a curious person) can read
 
@@ -47,6 +37,7 @@ function el(tag, attrs, ...children) {
     if (k === "text") node.textContent = v;
     else if (k === "className") node.className = v;
     else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (k === "checked") node.checked = Boolean(v);
     else if (v !== false && v !== undefined && v !== null) node.setAttribute(k, v === true ? "" : v);
   }
   for (const child of children) node.append(child);
@@ -66,6 +57,7 @@ async function call(path, body) {
     method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)};
   const response = await fetch(path, init);
   const text = await response.text();
+  state.bytes += (init.body || "").length + text.length;  // over the wire, both ways
   let doc;
   try { doc = JSON.parse(text); } catch (e) { doc = {message: text.slice(0, 300)}; }
   // MLflow's errors say `message`; the panel's own routes answer a refusal with `error`.
@@ -88,9 +80,9 @@ async function searchRuns(experimentIds, filter) {
   return runs;
 }
 
-function asMap(list, value) {
+function asMap(list) {
   const map = {};
-  for (const item of list || []) map[item.key] = value ? value(item) : item.value;
+  for (const item of list || []) map[item.key] = item.value;
   return map;
 }
 
@@ -99,18 +91,21 @@ function runOrder(name) {
   return m ? Number(m[1]) : Number.MAX_SAFE_INTEGER;
 }
 
-function toRun(raw) {
-  const tags = asMap(raw.data && raw.data.tags);
+// A run as the page holds it, from a row of the lean route (the params come with a run's
+// first row only, so a later row keeps the ones held).
+function toRun(row, held) {
+  const tags = row.tags || {};
   let knobNames = null;  // the rapidfire.knobs tag: a JSON list of names (text from outside)
   try { knobNames = JSON.parse(tags[TAG.knobs] || "null"); } catch (e) { knobNames = null; }
-  const tagged = Array.isArray(knobNames) && knobNames.every((n) => typeof n === "string");
+  const metric = (m) => (m ? {value: m[0], step: m[1]} : undefined);
+  const order = runOrder(row.name);
   return {
-    id: raw.info.run_id, name: tags[TAG.run] || raw.info.run_name || raw.info.run_id,
-    status: tags[TAG.status] || "-", progress: tags[TAG.progress] || "",
-    metrics: asMap(raw.data && raw.data.metrics, (m) => ({value: m.value, step: m.step})),
-    params: asMap(raw.data && raw.data.params), tags,
-    seq: parseInt(tags[TAG.seq] || "0", 10) || 0, pending: tags[TAG.op],
-    result: tags[TAG.result], knobNames: tagged ? knobNames : [], tagged,
+    id: row.id, v: row.v, name: row.name, status: tags[TAG.status] || "-", progress: tags[TAG.progress] || "",
+    metrics: {loss: metric(row.loss), eval_loss: metric(row.eval_loss)},
+    params: row.params || (held ? held.params : {}),
+    seq: parseInt(tags[TAG.seq] || "0", 10) || 0, pending: tags[TAG.op], result: tags[TAG.result],
+    tagged: Array.isArray(knobNames) && knobNames.every((n) => typeof n === "string"),
+    order, index: order === Number.MAX_SAFE_INTEGER ? 0 : order,
   };
 }
 
@@ -140,124 +135,50 @@ async function loadExperiments() {
   })).filter((e) => /^[0-9a-f]{8,64}$/.test(e.rfid)).sort((a, b) => b.start - a.start);
   const [, eid, rfid] = /^#\/([^/]+)(?:\/([0-9a-f]+))?/.exec(location.hash) || [];
   const inStore = state.experiments.filter((e) => !eid || e.eid === eid);
+  const before = state.current;
   state.current = inStore.find((e) => rfid && e.rfid === rfid)
+    || inStore.find((e) => before && e.rfid === before.rfid)
     || inStore.find((e) => e.state === "training") || inStore[0] || null;
+  if (!before || !state.current || before.rfid !== state.current.rfid) forgetRuns();
   const select = document.getElementById("experiment");
   select.replaceChildren(...state.experiments.map((e) => el("option", {
     value: `#/${e.eid}/${e.rfid}`, selected: e === state.current,
     text: `${e.name} (${e.rfid.slice(0, 8)}, ${e.state})`})));
 }
 
-// The knobs that differ between the runs, first seen first: the rule of every runs table
-// (trl_rapidfire/reports/display.py differing_keys, client/experiments.py tracked_knobs). The
-// runs' rapidfire.knobs tags name their knobs; runs tracked before that tag give all their
-// params, less those holding the run's own name (output_dir: it differs but tunes nothing).
-function knobColumns(runs) {
-  const tagged = runs.every((r) => r.tagged);
-  const names = [...new Set(runs.flatMap((r) => (tagged ? r.knobNames : Object.keys(r.params).sort())))];
-  const value = (r, k) => (Object.hasOwn(r.params, k) ? JSON.stringify(r.params[k]) : "\0missing");
-  const differ = (k) => new Set(runs.map((r) => value(r, k))).size > 1;
-  const ownName = (k) => !tagged && runs.some((r) => Object.hasOwn(r.params, k) && r.params[k].includes(r.name));
-  return names.filter((k) => differ(k) && !ownName(k)).slice(0, MAX_KNOB_COLUMNS);
+function forgetRuns() {
+  state.runs = []; state.history = {}; state.sent = {}; state.loaded = false;
+  state.pinned.clear(); state.hot = null; state.why = null; parallelLines.clear();
 }
 
-// What the panel sent on a run (by run id: names repeat across experiments) shows until the
-// experiment answered it; an error of the panel's own check, until the run's op tags move.
-function answerOf(run) {
-  const sent = state.sent[run.id];
-  if (sent && sent.error && run.seq === sent.seq && run.result === sent.result) {
-    return {text: `error: ${sent.error}`, cls: "error"};
+// What the page holds, as the lean route reads it: per run, the first 10 digits of its id,
+// its row's version and the step of its last loss point (none: nothing after the version).
+function heldText() {
+  return state.runs.map((r) => {
+    const history = state.history[r.id];
+    return r.id.slice(0, 10) + r.v + (history && history.step >= 0 ? history.step.toString(16) : "");
+  }).join(",");
+}
+
+// One read of the lean route, merged into what the page holds.
+async function loadRuns(exp) {
+  const body = {experiment: exp.eid, rfid: exp.rfid};
+  if (state.loaded) body.held = heldText();
+  const reply = await call(`${PANEL_API}runs`, body);
+  const held = reply.full ? new Map() : new Map(state.runs.map((r) => [r.id, r]));
+  if (reply.full) state.history = {};
+  const gone = new Set(reply.gone || []);
+  for (const id of [...held.keys()]) {
+    if (gone.has(id.slice(0, 10))) { held.delete(id); delete state.history[id]; }
   }
-  if (sent && !sent.error && run.seq <= sent.seq) {
-    return {text: `sent: ${sent.op} (applied at the run's next chunk boundary)`, cls: "waiting"};
+  for (const row of reply.runs || []) held.set(row.id, toRun(row, held.get(row.id)));
+  for (const [id, points] of Object.entries(reply.points || {})) {
+    const history = state.history[id] || (state.history[id] = {step: -1, points: []});
+    history.points.push(...points);
+    history.step = points[points.length - 1][0];
   }
-  if (sent) delete state.sent[run.id];
-  if (run.pending) return {text: `waiting: ${run.pending}`, cls: "waiting"};
-  if (run.result) return {text: run.result, cls: run.result.startsWith("error") ? "error" : ""};
-  return {text: "", cls: ""};
-}
-
-function metricText(run, key) {
-  const m = run.metrics[key];
-  return m ? Number(m.value).toPrecision(4) : "";
-}
-
-// A run's buttons act on the run as the latest refresh knows it (looked up at the click):
-// rows are kept and updated in place, so a click never lands on a row being replaced.
-function opButton(id, name, label, op) {
-  return el("button", {
-    type: "button", "data-run": name, "data-op": op, "aria-label": `${label} ${name}`,
-    text: label,
-    onclick: () => {
-      const run = state.runs.find((r) => r.id === id);
-      if (run) (op === "clone" ? openClone(run) : sendOp(run, op));
-    }});
-}
-
-function setCell(cell, text, className) {
-  if (cell.textContent !== text) cell.textContent = text;
-  if (className !== undefined && cell.className !== className) cell.className = className;
-}
-
-// One row per run (by run id), made once: its tr, its cells by column, its buttons by op.
-const tableRows = new Map();
-let drawnColumns = "";
-
-function rowOf(run) {
-  let row = tableRows.get(run.id);
-  if (!row) {
-    const link = el("a", {target: "_blank", rel: "noopener", text: run.name});
-    const cells = {link, status: el("td"), progress: el("td"), loss: el("td"), eval: el("td"),
-      knobs: [], answer: el("td", {"data-answer": run.name})};
-    const button = (label, op) => opButton(run.id, run.name, label, op);
-    const buttons = {stop: button("Stop", "stop"), resume: button("Resume", "resume"),
-      delete: button("Delete", "delete"), clone: button("Clone", "clone")};
-    const tr = el("tr", {"data-run": run.name});
-    row = {tr, cells, buttons, ops: el("td", {}, ...Object.values(buttons))};
-    tableRows.set(run.id, row);
-  }
-  return row;
-}
-
-function drawTable() {
-  const exp = state.current;
-  const columns = JSON.stringify(state.knobs);
-  if (columns !== drawnColumns) {
-    const heads = ["run", "status", "progress", "loss", "eval_loss", ...state.knobs, "answer", ""];
-    document.getElementById("head").replaceChildren(...heads.map((h) => el("th", {text: h})));
-  }
-  const rows = state.runs.map((run) => {
-    const row = rowOf(run);
-    const {cells, buttons} = row;
-    cells.link.href = `${ROOT}#/experiments/${exp.eid}/runs/${run.id}`;
-    // In the rotation of an experiment that is not training (a Ctrl-C, a kill): interrupted,
-    // as `trl-rapidfire status` and the report say (shared_state/runs.py shown_status).
-    const shown = exp.state !== "training" && run.status === "running" ? "interrupted"
-      : run.status;
-    setCell(cells.status, shown, `status status-${shown}`);
-    setCell(cells.progress, run.progress);
-    setCell(cells.loss, metricText(run, "loss"));
-    setCell(cells.eval, metricText(run, "eval_loss"));
-    if (columns !== drawnColumns || cells.knobs.length !== state.knobs.length) {
-      cells.knobs = state.knobs.map(() => el("td"));
-      row.tr.replaceChildren(el("td", {}, cells.link), cells.status, cells.progress, cells.loss,
-        cells.eval, ...cells.knobs, cells.answer, row.ops);
-    }
-    state.knobs.forEach((k, i) => setCell(cells.knobs[i], (run.params[k] || "").slice(0, 40)));
-    const answer = answerOf(run);
-    setCell(cells.answer, answer.text, `answer ${answer.cls}`);
-    buttons.stop.disabled = DONE.has(run.status);
-    buttons.resume.disabled = run.status !== "stopped";
-    buttons.delete.disabled = run.status === "deleted";
-    return row.tr;
-  });
-  drawnColumns = columns;
-  const shown = new Set(state.runs.map((r) => r.id));
-  for (const id of [...tableRows.keys()]) if (!shown.has(id)) tableRows.delete(id);
-  const body = document.getElementById("rows");
-  const same = rows.length === body.children.length && rows.every((tr, i) => body.children[i] === tr);
-  if (!same) body.replaceChildren(...rows);  // runs added, gone or reordered: the rows move
-  document.getElementById("runs").setAttribute("data-refreshes", String(state.refreshes));
+  state.runs = [...held.values()].sort((a, b) => a.order - b.order || a.name.localeCompare(b.name));
+  state.loaded = true;
 }
 
 async function sendOp(run, op) {
@@ -283,117 +204,9 @@ async function sendOp(run, op) {
   drawTable();
 }
 
-async function openClone(run) {
-  state.cloneOf = run;
-  const names = [...new Set([...run.knobNames, ...state.knobs,
-    ...("learning_rate" in run.params ? ["learning_rate"] : [])])];
-  let refused = {};
-  try {
-    const reply = await call(PANEL_API + "clone-fields", {fields: names});
-    refused = Object.fromEntries((reply.fields || []).map((f) => [f.name, f.refused]));
-  } catch (e) { message(`the clone form could not check its fields: ${e.message}`); }
-  state.cloneFields = names.map((name) => ({name, value: run.params[name] ?? "",
-    refused: refused[name] || null}));
-  document.getElementById("clone-title").textContent = `Clone ${run.name}`;
-  document.getElementById("clone-fields").replaceChildren(...state.cloneFields.map((f) =>
-    el("tr", {},
-      el("td", {text: f.name}),
-      el("td", {}, el("input", {value: f.value, "data-field": f.name, "aria-label": f.name,
-        disabled: Boolean(f.refused)})),
-      el("td", {className: "locked", text: f.refused ? `a tag may not change it: ${f.refused}` : ""}))));
-  document.getElementById("extra-name").value = "";
-  document.getElementById("extra-value").value = "";
-  document.getElementById("clone-warm").checked = false;
-  document.getElementById("clone-form").hidden = false;
-}
-
-function parsed(text) {
-  try { return JSON.parse(text); } catch (e) { return text; }
-}
-
-function sendClone() {
-  const run = state.cloneOf;
-  if (!run) return;
-  const overrides = {};
-  for (const input of document.querySelectorAll("#clone-fields input")) {
-    const field = state.cloneFields.find((f) => f.name === input.dataset.field);
-    if (field && !field.refused && input.value !== field.value) overrides[field.name] = parsed(input.value);
-  }
-  const extra = document.getElementById("extra-name").value.trim();
-  if (extra) overrides[extra] = parsed(document.getElementById("extra-value").value);
-  const verb = document.getElementById("clone-warm").checked ? "clone-warm" : "clone";
-  document.getElementById("clone-form").hidden = true;
-  state.cloneOf = null;
-  sendOp(run, `${verb} ${JSON.stringify(overrides)}`);
-}
-
-async function updateCurves() {
-  const stale = state.runs.filter((r) => r.metrics.loss
-    && (!state.history[r.id] || state.history[r.id].step < r.metrics.loss.step));
-  for (const run of stale.slice(0, HISTORIES_PER_REFRESH)) {
-    try {  // one run's history failing (deleted since the search) leaves the others drawn
-      const metrics = [];
-      let token;
-      do {
-        const query = new URLSearchParams({run_id: run.id, metric_key: "loss", max_results: "25000"});
-        if (token) query.set("page_token", token);
-        const reply = await call(`${API}metrics/get-history?${query}`);
-        metrics.push(...(reply.metrics || []));
-        token = reply.next_page_token;
-      } while (token);
-      const points = metrics.map((m) => [m.step, m.value]).sort((a, b) => a[0] - b[0]);
-      state.history[run.id] = {step: run.metrics.loss.step, points};
-    } catch (e) {
-      message(`${run.name}: its loss history could not be read (${e.message})`, true);
-    }
-  }
-}
-
-function drawCurves() {
-  const canvas = document.getElementById("curves");
-  const ctx = canvas.getContext("2d");
-  const pad = {left: 56, right: 12, top: 10, bottom: 28};
-  ctx.clearRect(0, 0, canvas.width, canvas.height);
-  const lines = state.runs.map((r, i) => ({run: r, points: (state.history[r.id] || {}).points || [],
-    index: runOrder(r.name) === Number.MAX_SAFE_INTEGER ? i : runOrder(r.name)}))
-    .filter((l) => l.points.length);
-  const all = lines.flatMap((l) => l.points);
-  const legend = document.getElementById("legend");
-  if (!all.length) { legend.replaceChildren(el("span", {text: "no training loss logged yet"})); return; }
-  // A loop, not Math.max(...points): spreading 100k+ points overflows the call stack.
-  let xMax = 1, yMin = Infinity, yMax = -Infinity;
-  for (const [step, value] of all) {
-    if (step > xMax) xMax = step;
-    if (value < yMin) yMin = value;
-    if (value > yMax) yMax = value;
-  }
-  if (yMax - yMin < 1e-12) { yMin -= 0.5; yMax += 0.5; }
-  const w = canvas.width - pad.left - pad.right, h = canvas.height - pad.top - pad.bottom;
-  const x = (s) => pad.left + (s / xMax) * w, y = (v) => pad.top + (1 - (v - yMin) / (yMax - yMin)) * h;
-  ctx.strokeStyle = "#8c959f"; ctx.fillStyle = "#57606a"; ctx.font = "11px sans-serif";
-  ctx.strokeRect(pad.left, pad.top, w, h);
-  for (let k = 0; k <= 4; k++) {
-    const v = yMin + (k / 4) * (yMax - yMin);
-    ctx.fillText(v.toPrecision(3), 4, y(v) + 4);
-    const s = Math.round((k / 4) * xMax);
-    ctx.fillText(String(s), x(s) - 6, canvas.height - 10);
-  }
-  for (const line of lines) {
-    const style = runStyle(line.index);
-    ctx.strokeStyle = style.colour;
-    ctx.setLineDash(style.dash);
-    ctx.lineWidth = 1.6;
-    ctx.beginPath();
-    line.points.forEach(([s, v], k) => (k ? ctx.lineTo(x(s), y(v)) : ctx.moveTo(x(s), y(v))));
-    ctx.stroke();
-  }
-  ctx.setLineDash([]);
-  legend.replaceChildren(...lines.map((l) => el("span", {},
-    el("i", {style: `background:${runStyle(l.index).colour}`}), l.run.name)));
-}
-
 async function refresh() {
   const started = performance.now();
+  const bytes = state.bytes;
   try {
     await loadExperiments();
     const exp = state.current;
@@ -410,25 +223,22 @@ async function refresh() {
     document.getElementById("state").textContent = exp.state;
     document.getElementById("mlflow-link").href =
       `${ROOT}#/experiments/${exp.eid}/runs?workflowType=machine_learning&viewStateShareKey=trl-rapidfire`;
-    const raw = await searchRuns([exp.eid],
-      `tags.\`${TAG.role}\` = 'run' and tags.\`${TAG.experiment}\` = '${exp.rfid}'`);
-    state.runs = raw.map(toRun).sort((a, b) => runOrder(a.name) - runOrder(b.name));
+    await loadRuns(exp);
     state.knobs = knobColumns(state.runs);
     state.refreshes += 1;
-    drawTable();
-    await updateCurves();
-    drawCurves();
-    // What a refresh costs in this browser (REST calls, table and curves), for a look or a
-    // benchmark (benchmarks/panel_refresh.py).
+    redraw();
+    refreshWhy();
+    // What a refresh costs in this browser (its calls, the table and the curves) and what
+    // came over the wire, for a look or a benchmark (benchmarks/panel_refresh.py).
     state.refreshMs = performance.now() - started;
+    state.refreshBytes = state.bytes - bytes;
   } catch (e) {
     message(`refresh failed: ${e.message}`, true);
   }
 }
 
-// Every 2 s, or twice as long as the last refresh took (about 2 s at 500 runs, most of it
-// MLflow's runs/search: benchmarks/panel_refresh.py), so that an open page keeps the tracking
-// server busy a third of the time at most.
+// Every 2 s after the last refresh ended, or twice as long as it took, so that an open page
+// keeps the tracking server busy a third of the time at most.
 async function loop() {
   await refresh();
   setTimeout(loop, Math.max(REFRESH_MS, 2 * (state.refreshMs || 0)));
@@ -437,10 +247,9 @@ async function loop() {
 document.getElementById("experiment").addEventListener("change", (event) => {
   location.hash = event.target.value;
 });
-window.addEventListener("hashchange", () => { state.history = {}; state.sent = {}; refresh(); });
-document.getElementById("clone-send").addEventListener("click", sendClone);
-document.getElementById("clone-cancel").addEventListener("click", () => {
-  document.getElementById("clone-form").hidden = true;
-  state.cloneOf = null;
-});
+window.addEventListener("hashchange", () => { forgetRuns(); state.current = null; refresh(); });
+window.addEventListener("resize", () => { if (state.runs.length) { drawCurves(); drawWhy(); } });
+setUpFilters();
+setUpClone();
+setUpWhy();
 loop();

@@ -22,6 +22,10 @@ How the pruners compare (read from Optuna's source, ``optuna/pruners/``):
 * ``ThresholdPruner``, ``PatientPruner`` and ``WilcoxonPruner`` (against the best COMPLETE
   trial) look at the run's own values.
 
+The study is kept between decisions and told only what changed since the last one (see
+:mod:`.pruning_study`): a decision costs the values that arrived since the previous one, not
+a replay of every run's history.
+
 Our :class:`~trl_rapidfire.control.policies.SuccessiveHalving` differs from Optuna's: it also
 counts the
 runs still to come in the rotation and judges a run waiting at a rung again when others
@@ -32,38 +36,30 @@ from __future__ import annotations
 
 import copy
 import math
-import re
-import warnings
 from typing import Any
 
 from ...control.policies import Context, Decision, Policy, RunHistory, chunk_values
-from ...shared_state.runs import RunStatus
-from .support import quiet_optuna, require_optuna
+from .pruning_study import PruningStudy, cascades, replay, resolve_auto, trial_order
+from .support import require_optuna
 
 __all__ = ["OptunaPruner"]
-
-_STUDY = "trl-rapidfire"
-_RUN_NUMBER = re.compile(r"run-(\d+)")
-
-
-def _trial_order(history: RunHistory) -> tuple[int, int, str]:
-    # Runs in the order they were created, so a run keeps its trial number as runs are added
-    # (Hyperband draws a trial's bracket from its number).
-    match = _RUN_NUMBER.fullmatch(history.name)
-    return (0, int(match.group(1)), "") if match else (1, 0, history.name)
 
 
 class OptunaPruner(Policy):
     """Any Optuna pruner, asked at every chunk end whether to stop the run that finished it.
 
-    Stateless like the other policies: each call builds a fresh in-memory study from the
-    runs' histories (one trial per run, numbered in the runs' creation order) and asks a copy
-    of ``pruner``, so a re-run or another worker gets the same answer and the pruner given
-    here is never changed. Pruners that keep state in the study (``SuccessiveHalvingPruner``,
-    ``HyperbandPruner``, or any not known to be free of it) get it rebuilt by replaying every
-    run's values through them in step order before the question; ``min_resource="auto"`` and
-    ``max_resource="auto"`` are derived anew on each call from the runs complete by then, so
-    give them explicitly (in steps) for brackets and rungs that stay put.
+    A function of the runs' histories like the other policies, so a re-run or another worker
+    gets the same answer, and the pruner given here is never changed (a copy is used). The
+    copy is asked against one in-memory study (one trial per run, numbered in the runs'
+    creation order) that is built from the histories on the first decision, as a replay of
+    every run's values in step order, and from then on told only the runs the
+    :class:`~trl_rapidfire.control.policies.Context` says changed: each value reported and
+    each trial finished once (:class:`~.pruning_study.PruningStudy`), with the replay's
+    answers. A pruner that keeps state in the study other than these known ones (a subclass,
+    ``PatientPruner``, your own) and an experiment where a successive-halving pruner's rungs
+    are closer together than its chunks are answered by a fresh replay at every decision,
+    as before. ``min_resource="auto"`` and ``max_resource="auto"`` are set on first use from
+    the runs' planned last step, as Optuna sets them once a trial completes.
 
     Trials: a completed run is COMPLETE (its value: its last intermediate value; FAIL if it has
     none), a stopped run PRUNED, a pending or running run RUNNING, a failed run FAIL with its
@@ -97,10 +93,75 @@ class OptunaPruner(Policy):
         p = optuna.pruners
         # Exact types: these only read the study, so asking without a replay gives the same
         # answer; a subclass may keep state and gets the replay.
-        self._replay = type(pruner) not in (p.MedianPruner, p.PercentilePruner,
-                                            p.ThresholdPruner, p.NopPruner, p.WilcoxonPruner)
+        reading = (p.MedianPruner, p.PercentilePruner, p.ThresholdPruner, p.NopPruner,
+                   p.WilcoxonPruner)
+        self._stateful = type(pruner) not in reading
+        # Pruners whose state in the study is a function of each trial's own values (see
+        # pruning_study): the study can be told the runs in any order.
+        self._incremental = not self._stateful or type(pruner) in (
+            p.SuccessiveHalvingPruner, p.HyperbandPruner)
+        self._template: Any = None  # the copy with "auto" resources set
+        self._book: PruningStudy | None = None
+        self._context: Context | None = None
+        self._seen: Context | None = None  # the last context asked with (evaluates_at)
+        self._version = 0
+        self._grids: set[tuple[int, ...]] = set()  # chunk ends checked for cascades
+        self.rebuilds = 0  # replays of every history (tests and benchmarks count them)
+        self._spent = (0, 0)  # pruner calls and trials of the studies given up
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """What the decisions so far cost: ``prune_calls`` (the pruner asked, replays
+        included), ``trials_created`` and ``rebuilds`` (replays of every history)."""
+        calls, trials = self._spent
+        if self._book is not None:
+            calls, trials = calls + self._book.prune_calls, trials + self._book.trials_created
+        return {"prune_calls": calls, "trials_created": trials, "rebuilds": self.rebuilds}
+
+    def evaluates_at(self, run: str, chunks: int, chunks_total: int) -> bool:
+        """Optuna's successive halving (and Hyperband, whose brackets are successive halvings)
+        reads a trial's value only where the trial passes a rung step (``min_resource *
+        reduction_factor**k``): with ``eval_strategy="policy"`` a run is evaluated at the
+        chunk ends that pass one (and its last) and the pruner decides exactly as with a value
+        at every chunk end. Any other pruner (the median pruner compares every step), an
+        ``"auto"`` resource not set yet, or a run not seen yet: every chunk end."""
+        if chunks >= chunks_total:
+            return True
+        grids = self._rung_grids()
+        context = self._context or self._seen
+        history = context.runs.get(run) if context is not None else None
+        if grids is None or history is None or not 0 < chunks <= len(history.chunk_ends):
+            return True
+        start = history.chunk_ends[chunks - 2] if chunks > 1 else 0
+        end = history.chunk_ends[chunks - 1]
+        for first, factor in grids:
+            rung = first
+            while rung <= start:
+                rung *= factor
+            if rung <= end:
+                return True
+        return False
+
+    def _rung_grids(self) -> list[tuple[int, int]] | None:
+        """Each (first rung step, reduction factor) the pruner promotes at, or ``None`` when
+        it reads other steps too (or a resource is still ``"auto"``)."""
+        optuna = require_optuna("OptunaPruner")
+        p = optuna.pruners
+        pruner = self._template if self._template is not None else self.pruner
+        kind = type(pruner)
+        if kind not in (p.SuccessiveHalvingPruner, p.HyperbandPruner):
+            return None
+        least, factor = getattr(pruner, "_min_resource", None), getattr(
+            pruner, "_reduction_factor", None)
+        if not isinstance(least, int) or not isinstance(factor, int) or least < 1 or factor < 2:
+            return None
+        # Hyperband's bracket b halves from min_resource * factor**b: together, every power.
+        rate = getattr(pruner, "_min_early_stopping_rate", 0) if kind is p.SuccessiveHalvingPruner \
+            else 0
+        return [(least * factor ** rate, factor)]
 
     def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
+        self._seen = context
         me = context.runs[run]
         chunks = me.chunks_done
         if (not me.status.schedulable or me.training or chunks >= me.chunks_total
@@ -119,59 +180,61 @@ class OptunaPruner(Policy):
                                       f"({self.metric} {mine:.4g})")]
 
     def _prune(self, run: str, step: int, value: float, context: Context) -> bool:
-        optuna = require_optuna("OptunaPruner")
-        state = optuna.trial.TrialState
-        pruner = copy.deepcopy(self.pruner)  # "auto" resources and brackets are set on use
-        storage = optuna.storages.InMemoryStorage()
-        with quiet_optuna():
-            study = optuna.create_study(storage=storage, study_name=_STUDY, pruner=pruner,
-                                        direction=self.direction,
-                                        sampler=optuna.samplers.RandomSampler(seed=0))
-        study_id = storage.get_study_id_from_name(_STUDY)
-        ids: dict[str, int] = {}
-        events: list[tuple[int, int, str, float]] = []
-        finals: dict[str, tuple[Any, float | None]] = {}
-        for number, h in enumerate(sorted(context.runs.values(), key=_trial_order)):
-            ids[h.name] = storage.create_new_trial(study_id)
-            storage.set_trial_user_attr(ids[h.name], "run", h.name)
-            values = {} if h.status == RunStatus.DELETED else {
-                s: v for s, v in chunk_values(h, self.metric).items() if not math.isnan(v)}
-            if h.name == run:
-                values.pop(step)  # the question comes last, after everyone else's values
-            events.extend((s, number, h.name, v) for s, v in values.items())
-            last = values[max(values)] if values else None
-            finals[h.name] = _final_state(h.status, last, state)
-            if not values:
-                _finish(storage, ids[h.name], finals[h.name], state)
-        events.sort(key=lambda e: (e[0], e[1]))
-        last_event = {name: i for i, (_, _, name, _) in enumerate(events)}
-        with quiet_optuna(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the replay's answers are not the question's
-            for i, (s, _, name, v) in enumerate(events):
-                storage.set_trial_intermediate_value(ids[name], s, v)
-                if self._replay:
-                    pruner.prune(study, storage.get_trial(ids[name]))
-                if last_event[name] == i:
-                    _finish(storage, ids[name], finals[name], state)
-        storage.set_trial_intermediate_value(ids[run], step, value)
-        with quiet_optuna():
-            return bool(pruner.prune(study, storage.get_trial(ids[run])))
+        if self._template is None:
+            self._template = resolve_auto(copy.deepcopy(self.pruner), context.runs.values())
+        question = (run, step, value)
+        if not self._incremental:
+            return self._rebuild(context, question, keep=False)
+        book = self._book
+        if book is None or context is not self._context:
+            return self._rebuild(context, question)
+        changed = context.changed_since(self._version)
+        self._version = context.version
+        changed.add(run)
+        histories = sorted((context.runs[n] for n in changed if n in context.runs),
+                           key=lambda h: trial_order(h.name))
+        for history in histories:
+            if not book.knows(history.name) and (self._cascades(history)
+                                                 or not book.add(history)):
+                return self._rebuild(context, question, keep=self._incremental)
+        for history in histories:
+            new = book.pending(history, step if history.name == run else None)
+            if new is None:
+                return self._rebuild(context, question)
+            book.feed(history, new)
+        if len(context.runs) != book.trials_created:  # a run gone from the context
+            return self._rebuild(context, question)
+        if step in book.reported(run):  # asked about this boundary before
+            return self._rebuild(context, question)
+        return book.ask(run, step, value)
 
+    def _cascades(self, history: RunHistory) -> bool:
+        """Check a new run's chunk ends: rungs closer than its chunks make the study's state
+        depend on the order values arrive in, and the experiment is answered by replay."""
+        if history.chunk_ends not in self._grids:
+            self._grids.add(history.chunk_ends)
+            if self._stateful and (cascades(self._template, history.chunk_ends)
+                                   or getattr(self._template, "_min_resource", 1) is None):
+                self._incremental = False
+        return not self._incremental
 
-def _final_state(status: RunStatus, last: float | None, state: Any) -> tuple[Any, float | None]:
-    """The Optuna trial state of a run in ``status`` and its value (Optuna gives a pruned
-    trial its last intermediate value, as here)."""
-    if status == RunStatus.COMPLETED:
-        return (state.COMPLETE, last) if last is not None else (state.FAIL, None)
-    if status == RunStatus.STOPPED:
-        return state.PRUNED, last
-    if status.schedulable:
-        return state.RUNNING, None
-    return state.FAIL, None
-
-
-def _finish(storage: Any, trial_id: int, final: tuple[Any, float | None], state: Any) -> None:
-    trial_state, value = final
-    if trial_state != state.RUNNING:
-        storage.set_trial_state_values(trial_id, trial_state,
-                                       None if value is None else [value])
+    def _rebuild(self, context: Context, question: tuple[str, int, float],
+                 keep: bool = True) -> bool:
+        """Replay every history into a new study and answer the question; ``keep``: the
+        study is kept and told what changes from now on."""
+        if keep:
+            for history in context.runs.values():
+                self._cascades(history)
+        keep = keep and self._incremental
+        self.rebuilds += 1
+        old, self._book = self._book, None
+        if old is not None:
+            self._spent = (self._spent[0] + old.prune_calls, self._spent[1] + old.trials_created)
+        book, answer = replay(copy.deepcopy(self._template), self.direction, self.metric,
+                              self._stateful, context.runs, question)
+        if keep:
+            self._book, self._context, self._version = book, context, context.version
+        else:
+            self._spent = (self._spent[0] + book.prune_calls,
+                           self._spent[1] + book.trials_created)
+        return answer

@@ -52,7 +52,9 @@ class OptunaSearch(AdaptiveSearch):
             search ends when every point was proposed (or ``num_runs`` were).
         num_runs: how many runs the sampler proposes in all (>= 1).
         max_concurrent: how many runs train at a time (are in the rotation); a new one is
-            proposed whenever one leaves it (>= 1).
+            proposed whenever one leaves it (>= 1). 4 by default: with a pruner it reached
+            its best sooner than one at a time on docs/adaptive-search.md's workload (0.72x
+            on average over four seeds, within 0.16% of its value), and more steadily than 2.
         metric: what the study optimizes: a logged metric (``eval_loss``; ``x`` also finds
             ``eval_x``), its value at each chunk end an intermediate value of the trial; or a
             list of them (``["eval_loss", "eval_rouge_l"]``): a multi-objective study, each

@@ -23,6 +23,7 @@ run, trial, detail), which ``trl-rapidfire status`` and the report read without 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import stat
 import time
@@ -51,6 +52,11 @@ SAMPLER_DONE = "rapidfire.sampler_done"
 # A proposal's params are {name: number, name or index}: one level, and no more is read.
 _PARAMS_DEPTH = 2
 SEARCH_LOG_FIELDS = ("time", "event", "run", "trial", "detail")
+# Intermediate values are written to the journal at most this often (seconds), by each worker.
+# Each is an fsync'd line (1 to 4 ms): at every 2-step chunk of a tiny model that was a tenth
+# of the training time, for values no sampler reads while the trial runs (TPE reads finished
+# trials; our pruner keeps its own study). A run's values all go in when it is told.
+REPORT_EVERY = 1.0
 
 
 class StudyBook:
@@ -85,6 +91,12 @@ class StudyBook:
         self.log_path = layout.search_log
         self._lock = FileLock(str(layout.study_lock))
         self._checked = 0  # bytes of the journal already read as data (_check_journal)
+        # The trials seen so far, by run: a look-up costs the trials added since the last
+        # (by any worker), not a pass over the study (O(N) at every chunk end, before).
+        self._numbers: dict[str, int] = {}
+        self._scanned = 0  # trials 0 .. _scanned - 1 are in _numbers / _proposed
+        self._proposed = 0  # how many of them the sampler proposed
+        self._reported_at = -math.inf  # when report() last wrote (time.monotonic())
         journal = optuna.storages.journal
         with self._locked(), quiet_optuna():  # the lock checks the journal, then Optuna reads
             self.storage = optuna.storages.JournalStorage(
@@ -115,6 +127,7 @@ class StudyBook:
             return
         if st.st_size < self._checked:  # replaced by another (restored) journal: read it all
             self._checked = 0
+            self._numbers, self._scanned, self._proposed = {}, 0, 0
         if st.st_size == self._checked and not stat.S_ISLNK(st.st_mode):
             return
         try:
@@ -140,8 +153,27 @@ class StudyBook:
     def _trials(self) -> list[Any]:
         return self.study.get_trials(deepcopy=False)
 
-    def _by_run(self) -> dict[str, Any]:
-        return {t.user_attrs["run"]: t for t in self._trials() if "run" in t.user_attrs}
+    def _scan(self) -> None:
+        """Take in the trials added since the last look (every trial is named under the lock
+        in the section that made it, so a trial seen once keeps its run)."""
+        while True:
+            try:
+                trial_id = self._trial_id(self._scanned)
+            except KeyError:
+                return
+            attrs = self.storage.get_trial(trial_id).user_attrs
+            if "run" in attrs:
+                self._numbers[attrs["run"]] = self._scanned
+            self._proposed += bool(attrs.get("proposed"))
+            self._scanned += 1
+
+    def _trial_of(self, name: str) -> Any:
+        """Run ``name``'s trial as it is now, or ``None``."""
+        number = self._numbers.get(name)
+        if number is None:
+            self._scan()
+            number = self._numbers.get(name)
+        return None if number is None else self.storage.get_trial(self._trial_id(number))
 
     # ------------------------------------------------------------------ proposing
 
@@ -150,19 +182,17 @@ class StudyBook:
         now, or found in the study when another worker or an earlier session asked)."""
         count = min(self.max_concurrent, self.num_runs)
         with self._locked():
-            known = self._by_run()
             # A grid smaller than the rotation: the places beyond its points stay empty.
             return [self._propose(name) for name in map(run_name, range(count))
-                    if name in known or self.more()]
+                    if self._trial_of(name) is not None or self.more()]
 
     def more(self) -> bool:
         """Whether the sampler has proposals left: ``num_runs`` counts them; a grid ends
         once each of its points was proposed, any sampler once it called ``Study.stop``."""
-        trials = self._trials()
-        proposed = sum(1 for t in trials if t.user_attrs.get("proposed"))
-        if proposed >= self.num_runs or self.study.user_attrs.get(SAMPLER_DONE):
+        self._scan()
+        if self._proposed >= self.num_runs or self.study.user_attrs.get(SAMPLER_DONE):
             return False
-        return self.grid is None or self._grid_points_left(trials) > 0
+        return self.grid is None or self._grid_points_left(self._trials()) > 0
 
     def _grid_points_left(self, trials: Sequence[Any]) -> int:
         """The grid's points no trial was given yet. GridSampler gives trial n < its size the
@@ -183,14 +213,15 @@ class StudyBook:
             return self._propose(name)
 
     def _propose(self, name: str) -> Proposal:
-        trial = self._by_run().get(name)
+        trial = self._trial_of(name)  # scans every trial made so far when it has none
         if trial is None:
-            number = len(self._trials())
+            number = self._scanned
             self.study.sampler = self.sampler_for(number)
             with quiet_optuna():
                 asked = self.study.ask(fixed_distributions=self.space.distributions)
             asked.set_user_attr("run", name)
             asked.set_user_attr("proposed", True)
+            self._scan()
             trial = self.storage.get_trial(self._trial_id(asked.number))
             self._log("proposed", name, trial.number, params_text(trial.params))
         return Proposal(name=name, trial=trial.number, knobs=self.space.knobs(trial.params),
@@ -204,7 +235,7 @@ class StudyBook:
         if not isinstance(values, dict):
             raise ValueError(f"its params are not a mapping: {params!r}")
         knobs = self.space.knobs(values)
-        found = self._by_run().get(name)
+        found = self._trial_of(name)
         tags = self._tags(found) if found is not None and found.number == trial else {
             "rapidfire.trial": str(trial)}
         return Proposal(name=name, trial=trial, knobs=knobs, params=params_text(values),
@@ -212,7 +243,7 @@ class StudyBook:
 
     def tags_of(self, name: str) -> dict[str, str]:
         """Run ``name``'s tracking tags: its trial, what proposed it and when."""
-        trial = self._by_run().get(name)
+        trial = self._trial_of(name)
         return {} if trial is None else self._tags(trial)
 
     def _tags(self, trial: Any) -> dict[str, str]:
@@ -232,14 +263,16 @@ class StudyBook:
         """The values of the metric at the chunk ends ``history``'s run reached, as its
         trial's intermediate values (those it has are left alone); a finished trial, or a run
         without one (a clone), is left alone. Several objectives have none (Optuna prunes
-        on one)."""
-        if self.multi:
+        on one). Within :data:`REPORT_EVERY` seconds of the last write nothing is written:
+        the run's next report, or its tell, writes what was left."""
+        if self.multi or time.monotonic() - self._reported_at < REPORT_EVERY:
             return
+        self._reported_at = time.monotonic()
         values = _finite(chunk_values(history, self.metrics[0]))
         if not values:
             return
         with self._locked():
-            trial = self._by_run().get(history.name)
+            trial = self._trial_of(history.name)
             if trial is None or trial.state.is_finished():
                 return
             trial_id = self._trial_id(trial.number)
@@ -267,7 +300,7 @@ class StudyBook:
         else:
             state = state_of.FAIL
         with self._locked():
-            trial = self._by_run().get(history.name)
+            trial = self._trial_of(history.name)
             if trial is not None:
                 if trial.state.is_finished():
                     return None
@@ -317,7 +350,7 @@ class StudyBook:
              values: dict[int, float]) -> int | str:
         """A clone's result as a trial of its own; its number, or why it cannot be one."""
         optuna = self._optuna
-        if history.name in self._by_run():
+        if self._trial_of(history.name) is not None:
             return "told before"
         written = self.space.params(dict(history.knobs))
         if isinstance(written, str):
@@ -330,7 +363,8 @@ class StudyBook:
                                           intermediate_values=values, user_attrs=attrs,
                                           state=state)
         self.study.add_trial(trial)
-        return self._by_run()[history.name].number
+        self._scan()
+        return self._numbers[history.name]
 
     # ------------------------------------------------------------------ the search log
 

@@ -38,7 +38,12 @@ def quiet_optuna() -> Iterator[None]:
     """Optuna's INFO lines (a study created, a trial finished) silenced for the body."""
     logger = logging.getLogger("optuna")
     before = logger.level
-    logger.setLevel(max(before, logging.WARNING))
+    if before >= logging.WARNING:
+        # setLevel clears every logger's cache (transformers has hundreds): at each pruner
+        # question that was a millisecond.
+        yield
+        return
+    logger.setLevel(logging.WARNING)
     try:
         yield
     finally:
