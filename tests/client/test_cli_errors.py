@@ -152,6 +152,13 @@ def test_bad_flags_and_unknown_runs_are_one_line(argv, message, store, capsys):
     assert message in _one_error_line(capsys, argv[0])
 
 
+def test_an_unknown_run_of_a_training_experiment_may_not_be_registered_yet(store, capsys):
+    # A starting experiment makes its runs' MLflow runs in the background: the error says so.
+    assert main(["stop", "run-7", "--uri", store]) == 2
+    err = _one_error_line(capsys, "stop")
+    assert "no run named 'run-7'" in err and "try again in a moment" in err
+
+
 def test_a_half_created_store_holding_runs_is_one_line_naming_the_file(tmp_path, capsys):
     import sqlite3
 

@@ -130,7 +130,11 @@ def deliver_op(run: str, op: str, *, next_run: bool = False, **where: Any) -> De
         return Delivery(f"experiment {exp.describe()}", exp.training, tracked.run_id,
                         replaced=waiting)
     names = [r.tags.get(RUN_TAG) for r in runs]
-    raise LookupError(f"no run named {run!r} in experiment {exp.name!r}; runs: {names}")
+    # A training experiment makes its runs' MLflow runs in the background as it starts (the
+    # first chunk does not wait for them): a run of it may not be listed yet.
+    later = (" (the experiment is starting and registers its runs in MLflow in the "
+             "background: if it has that run, try again in a moment)" if exp.training else "")
+    raise LookupError(f"no run named {run!r} in experiment {exp.name!r}; runs: {names}{later}")
 
 
 def _deliver_to_folder(run: str, op: str, output_dir: str | os.PathLike, next_run: bool
