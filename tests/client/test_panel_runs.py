@@ -196,3 +196,13 @@ def test_why_a_config_wins_is_the_reports_reading_of_the_same_runs(written):
     assert sum(shares.values()) == pytest.approx(1.0) and set(shares) <= set(axes)
     assert client.get("/rapidfire/api/why", query_string={"experiment": "x y"}).status_code \
         == 400
+
+
+def test_a_knobs_tag_too_deep_or_not_a_list_reads_as_none():
+    from trl_rapidfire.client.panel_runs import knob_names
+
+    assert knob_names({"rapidfire.knobs": '["learning_rate", "peft_config"]'}) == [
+        "learning_rate", "peft_config"]
+    for bad in ("[" * 5000, "{not json", '{"a": 1}', '[1, 2]', "x" * 9000):
+        assert knob_names({"rapidfire.knobs": bad}) is None, bad[:20]
+    assert knob_names({}) is None

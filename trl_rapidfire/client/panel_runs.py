@@ -110,10 +110,17 @@ def _digest(row: Mapping[str, Any]) -> str:
 
 
 def knob_names(tags: Mapping[str, str]) -> list[str] | None:
-    """The knob names a run's ``rapidfire.knobs`` tag lists (``None``: no such tag)."""
+    """The knob names a run's ``rapidfire.knobs`` tag lists (``None``: no such tag, or one
+    that does not read as a list of names). The tag is text from outside: bounded in size and
+    depth before it is parsed (5000 ``[`` would be a RecursionError to ``json``), as
+    :func:`.experiments.tracked_knobs` reads it."""
+    from ..storage.outside_text import loads
+    from ..tracking.tags import KNOBS_TAG
+
     try:
-        names = json.loads(tags.get("rapidfire.knobs", "null"))
-    except ValueError:
+        names = loads(tags.get(KNOBS_TAG) or "null", what=f"the {KNOBS_TAG} tag",
+                      max_bytes=8000)
+    except ValueError:  # too long, too deep or no JSON (OutsideTextError is a ValueError)
         return None
     ok = isinstance(names, list) and all(isinstance(n, str) for n in names)
     return names[:200] if ok else None

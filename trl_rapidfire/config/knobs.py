@@ -25,6 +25,7 @@ __all__ = [
     "List",
     "Range",
     "KnobError",
+    "LORA_SHORT_NAMES",
     "describe_value",
     "is_knob",
     "knob_from_json",
@@ -406,6 +407,9 @@ def _yaml_range(field: str | None, low: Any, high: Any, **kwargs: Any) -> Range:
         raise KnobError(f"{err} In YAML: {_yaml_form(field, 'Range', None)}.") from None
 
 
+# The short names a LoraConfig's description gives two of its fields (views that read the
+# description back into fields map them back: reports/knob_fields.py).
+LORA_SHORT_NAMES = {"lora_alpha": "alpha", "target_modules": "targets"}
 # A LoraConfig's fields that its description never shows: the three it always shows, and
 # what a config carries without a person choosing it (PEFT fills them in).
 _LORA_SHOWN = frozenset({"r", "lora_alpha", "target_modules", "task_type", "peft_type",
@@ -458,7 +462,8 @@ def describe_value(value: Any) -> str:
         if targets and not isinstance(targets, str):  # a string is a name or a pattern
             targets = sorted(targets)
         extra = "".join(f", {name}={field!r}" for name, field in _lora_extras(value))
-        return (f"LoraConfig(r={value.r}, alpha={value.lora_alpha}, targets={targets!r}"
+        alpha, shown = LORA_SHORT_NAMES["lora_alpha"], LORA_SHORT_NAMES["target_modules"]
+        return (f"LoraConfig(r={value.r}, {alpha}={value.lora_alpha}, {shown}={targets!r}"
                 f"{extra})")
     if type(value).__name__ == "GenerationConfig":
         fields = {k: v for k, v in value.to_diff_dict().items() if k != "transformers_version"}

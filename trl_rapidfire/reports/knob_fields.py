@@ -28,6 +28,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..config.knobs import LORA_SHORT_NAMES
+
 __all__ = ["config_fields", "expand_knobs"]
 
 # Text longer than this is no value we wrote (describe_value's forms are a line or two): it
@@ -36,7 +38,7 @@ MAX_TEXT = 4000
 MAX_FIELDS = 100  # an object with more is shown whole
 # describe_value's short names for a LoraConfig's fields: the field names are the knob names
 # (a clone sets ``peft_config.lora_alpha``), so a column has one name in every view.
-_SHORT_NAMES = {"LoraConfig": {"alpha": "lora_alpha", "targets": "target_modules"}}
+_SHORT_NAMES = {"LoraConfig": {short: field for field, short in LORA_SHORT_NAMES.items()}}
 
 
 def _plain(value: Any) -> Any:

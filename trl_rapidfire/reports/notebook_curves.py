@@ -3,6 +3,7 @@
 cannot be told apart, so the top k runs by the objective (their latest training loss, lower
 is better) are drawn in their colours and line styles (:mod:`.plot_style`, as the report's
 figures), each named at its line's end, and the others thin and grey beneath them; no legend.
+The k, the grey and the spreading of the names are the report's (:mod:`.top_runs`).
 
 A bare ``Figure`` (no pyplot): nothing global, so it is safe from the panel's polling thread
 and opens no window.
@@ -16,11 +17,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .plot_style import run_styles
+from .top_runs import GREY, TOP_K, spread
 
 __all__ = ["GREY", "TOP_K", "loss_figure", "loss_png", "top_runs"]
 
-TOP_K = 10  # the browser panel's default k
-GREY = "#c4c9cf"  # the browser panel's grey
 _LABEL_GAP = 0.05  # of the axes' height: end labels this far apart never overlap (9 pt text)
 
 
@@ -30,19 +30,6 @@ def top_runs(latest: Mapping[str, float | None], k: int = TOP_K) -> list[str]:
     scored = [(value, name) for name, value in latest.items()
               if value is not None and math.isfinite(value)]
     return [name for _, name in sorted(scored)[:max(k, 0)]]
-
-
-def _spread(heights: list[float], gap: float) -> list[float]:
-    """``heights`` (axes fractions, sorted ascending) pushed apart to at least ``gap``, kept
-    within the axes where they fit (upwards first, then back down from the top)."""
-    out = list(heights)
-    for i in range(1, len(out)):
-        out[i] = max(out[i], out[i - 1] + gap)
-    top = 1.0
-    for i in range(len(out) - 1, -1, -1):
-        out[i] = min(out[i], top)
-        top = out[i] - gap
-    return out
 
 
 def loss_png(curves: Mapping[str, Sequence[tuple[int, float]]], k: int = TOP_K) -> bytes:
@@ -82,7 +69,7 @@ def loss_figure(curves: Mapping[str, Sequence[tuple[int, float]]], k: int = TOP_
         low, high = axes.get_ylim()
         span = (high - low) or 1.0
         ends = sorted(((drawn[n][-1][1] - low) / span, drawn[n][-1][0], n) for n in top)
-        heights = _spread([h for h, _, _ in ends], _LABEL_GAP)
+        heights = spread([h for h, _, _ in ends], _LABEL_GAP, 0.0, 1.0)
         # x in steps (the line's end), y in the axes' height (pushed apart).
         where = blended_transform_factory(axes.transData, axes.transAxes)
         for (_, step, name), height in zip(ends, heights):
