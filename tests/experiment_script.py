@@ -7,9 +7,10 @@
 ``ddp_backend="gloo"`` are the settings under which transformers does detect a launch on CPU
 (so without trl-rapidfire's workers every trainer would be wrapped in DDP).
 
-``RF_TEST_KILL=<run>:<step>[:peer]`` kills the whole experiment (its process group, like a
-``kill -9`` of the launcher) when that run (or ``any``) begins that optimizer step: mid-chunk,
-never at a boundary; with ``peer``, only once another worker has claimed a chunk.
+``RF_TEST_KILL=<run>:<step>[:peer|:durable]`` kills the whole experiment (its process group,
+like a ``kill -9`` of the launcher) when that run (or ``any``) begins that optimizer step:
+mid-chunk, never at a boundary; with ``peer``, only once another worker has claimed a chunk;
+with ``durable``, only once some run has a boundary on disk (another worker may be writing it).
 ``RF_TEST_ROWS`` sets the dataset size (longer chunks for timing); ``RF_TEST_EPOCHS`` the
 epochs (default 1); ``RF_TEST_RANKS=4,8`` makes the LoRA rank a knob too (8 configs).
 ``RF_TEST_STOP=<run>`` stops that run from the script before training.
@@ -40,33 +41,43 @@ from trl_rapidfire.testing import (
 class KillAt(TrainerCallback):
     """SIGKILL the experiment's process group when the run reaches ``step`` (mid-chunk).
 
-    ``run`` may be ``any``. With ``peer``, first wait (holding the run's claim) until another
-    worker has claimed a chunk, or waits for this one's volatile runs: the kill then happens
-    while that worker is running.
+    ``run`` may be ``any``. With ``wait="peer"``, first wait (holding the run's claim) until
+    another worker has claimed a chunk, or waits for this one's volatile runs: the kill then
+    happens while that worker is running. With ``wait="durable"``, first wait until some run
+    has a durable boundary: with two workers the other one may be mid-chunk, or its checkpoint
+    writer mid-write, when this run reaches the step, and a test that needs something durable
+    before the kill must not depend on which comes first.
     """
 
-    def __init__(self, run: str, step: int, peer: bool = False, output_dir: str = "") -> None:
-        self.run, self.step, self.peer, self.output_dir = run, step, peer, output_dir
+    def __init__(self, run: str, step: int, wait: str = "", output_dir: str = "") -> None:
+        self.run, self.step, self.wait, self.output_dir = run, step, wait, output_dir
 
     def on_step_begin(self, args, state, control, **kwargs):
         mine = self.run == "any" or args.output_dir.endswith(self.run)
         if mine and state.global_step == self.step:
-            if self.peer:
-                self._wait_for_a_peer()
+            if self.wait == "peer":
+                self._wait_until(self._a_peer_works)
+            elif self.wait == "durable":
+                self._wait_until(self._a_boundary_is_durable)
             os.killpg(os.getpgid(0), signal.SIGKILL)
 
-    def _wait_for_a_peer(self) -> None:
-        me = f":{os.getpid()}:"
+    def _wait_until(self, condition) -> None:
         store = FileStore(os.path.join(self.output_dir, ".rapidfire"), "", create=False)
         deadline = time.time() + 300
-        while time.time() < deadline:
-            state = store.peek()
-            # Another worker trains, or waits for runs this one holds volatile (it gets them
-            # at this worker's next claim, which never comes: it dies first).
-            if any(me not in c.worker for c in state.claims.values()) or any(
-                    me not in w for w in state.idle):
-                return
+        while time.time() < deadline and not condition(store.peek()):
             time.sleep(0.1)
+
+    @staticmethod
+    def _a_peer_works(state) -> bool:
+        me = f":{os.getpid()}:"
+        # Another worker trains, or waits for runs this one holds volatile (it gets them
+        # at this worker's next claim, which never comes: it dies first).
+        return any(me not in c.worker for c in state.claims.values()) or any(
+            me not in w for w in state.idle)
+
+    @staticmethod
+    def _a_boundary_is_durable(state) -> bool:
+        return any(run.durable_chunks for run in state.runs.values())
 
 
 def main(output_dir: str) -> None:
@@ -92,8 +103,8 @@ def main(output_dir: str) -> None:
     callbacks = []
     kill = os.environ.get("RF_TEST_KILL")
     if kill:
-        run, step, *peer = kill.split(":")
-        callbacks.append(KillAt(run, int(step), peer == ["peer"], output_dir))
+        run, step, *wait = kill.split(":")
+        callbacks.append(KillAt(run, int(step), "".join(wait), output_dir))
     trainer = RFSFTTrainer(
         model=tiny_model_path(),
         args=config,

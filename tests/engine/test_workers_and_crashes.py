@@ -116,8 +116,10 @@ def test_kill_9_mid_chunk_then_rerun_finishes_bitwise_with_one_point_per_step(
     # run-1's second chunk covers steps 8-16: step 12 is mid-chunk. With checkpoint_every
     # at its default (60 s) every boundary before it is volatile; with "2 chunks" a run that
     # finished its second chunk (boundary 16) has it on disk.
-    _run(_script(out, workers), {**env, "RF_TEST_KILL": "run-1:12"}, tmp_path,
-         expect_kill=True)
+    # With two workers the other one may still be training its second chunk (or writing it)
+    # when run-1 reaches step 12: the kill waits until a boundary is durable.
+    kill = "run-1:12:durable" if every else "run-1:12"
+    _run(_script(out, workers), {**env, "RF_TEST_KILL": kill}, tmp_path, expect_kill=True)
     before = read_schedule_csv(out / "schedule.csv")
     assert ("run-1", 1) not in {(r.run, r.number) for r in before}
     assert len(before) < len(RUNS) * CHUNKS

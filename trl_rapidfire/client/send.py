@@ -129,12 +129,34 @@ def deliver_op(run: str, op: str, *, next_run: bool = False, **where: Any) -> De
         open_catalog(exp.uri).set_tag(tracked.run_id, OP_TAG, op)
         return Delivery(f"experiment {exp.describe()}", exp.training, tracked.run_id,
                         replaced=waiting)
+    if exp.training and output_dir is not None:
+        # A training experiment makes its runs' MLflow runs in the background as it starts
+        # (the first chunk does not wait for them): a run its folder already has gets the op
+        # through the folder's inbox, which the experiment reads at every chunk boundary too.
+        posted = _post_before_registration(run, op, output_dir)
+        if posted is not None:
+            return Delivery(f"experiment {exp.describe()} (through {output_dir}: its MLflow "
+                            "run is not made yet)", True)
     names = [r.tags.get(RUN_TAG) for r in runs]
-    # A training experiment makes its runs' MLflow runs in the background as it starts (the
-    # first chunk does not wait for them): a run of it may not be listed yet.
     later = (" (the experiment is starting and registers its runs in MLflow in the "
-             "background: if it has that run, try again in a moment)" if exp.training else "")
+             "background: if it has that run, try again in a moment, or name its folder with "
+             "--dir / output_dir= to send the op there now)"
+             if exp.training and output_dir is None else "")
     raise LookupError(f"no run named {run!r} in experiment {exp.name!r}; runs: {names}{later}")
+
+
+def _post_before_registration(run: str, op: str, output_dir: str | os.PathLike
+                              ) -> os.PathLike | None:
+    """Leave ``op`` in the inbox of the tracked experiment in ``output_dir`` when its shared
+    state has ``run`` (checked against the run's status there first); ``None`` when it has
+    no such run."""
+    from ..storage.layout import Layout
+
+    runs = {r.name: r for r in folder_runs(output_dir)}
+    if run not in runs:
+        return None
+    check_op(run, op, runs[run].status)
+    return Inbox(Layout(output_dir)).post(run, op)
 
 
 def _deliver_to_folder(run: str, op: str, output_dir: str | os.PathLike, next_run: bool
