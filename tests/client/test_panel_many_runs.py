@@ -233,8 +233,9 @@ def test_the_clone_form_changes_a_lora_field_one_by_one(panel):
 def test_the_why_view_shows_importance_and_a_line_per_run_across_the_knobs(panel):
     driver, _tracker, _uri = panel
     _click(driver, "#why-view summary")
-    _wait(driver, lambda d: _js(d, "return document.querySelectorAll('#parallel polyline')"
-                                   ".length") == RUNS, "a line per run", timeout=90)
+    _wait(driver, lambda d: _js(d, "return document.querySelectorAll('#parallel "
+                                   "polyline.parallel-line').length") == RUNS,
+          "a line per run", timeout=90)
     knobs = _js(driver, "return [...document.querySelectorAll('#importance tbody td.field-name')]"
                         ".map((t) => t.textContent)")
     assert {"learning_rate", "peft_config.r", "peft_config.lora_alpha"} == set(knobs)
@@ -245,6 +246,25 @@ def test_the_why_view_shows_importance_and_a_line_per_run_across_the_knobs(panel
     lines = _js(driver, "return [...document.querySelectorAll('#parallel polyline.coloured')]"
                         ".map((p) => p.dataset.run)")
     assert sorted(lines) == sorted(_coloured(driver))
+    # A line is taken from 3 px off it (its wide invisible twin): the pointer there lights
+    # its run's row and widens the line. The topmost line, mid first segment.
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
+
+    driver.execute_script("document.getElementById('parallel').scrollIntoView()")
+    run, x, y = _js(driver, """
+        const pair = document.querySelector('#parallel-lines').lastElementChild;
+        const line = pair.querySelector('.parallel-line');
+        const [a, b] = [line.points[0], line.points[1]];
+        const m = line.getScreenCTM();
+        const px = (a.x + b.x) / 2, py = (a.y + b.y) / 2 + 3;
+        return [pair.dataset.run, Math.round(px * m.a + m.e), Math.round(py * m.d + m.f)];""")
+    actions = ActionBuilder(driver)
+    actions.pointer_action.move_to_location(x, y)
+    actions.perform()
+    _wait(driver, lambda d: _js(d, "return document.querySelector(arguments[0]).classList"
+                                ".contains('hot')", f"tr[data-run='{run}']"), f"{run}'s row lit")
+    assert _js(driver, "return document.querySelector(arguments[0]).getAttribute('stroke-width')",
+               f"polyline.parallel-line[data-run='{run}']") == "3"
     if os.environ.get("RF_SAVE_SCREENSHOT"):
         view = driver.find_element("id", "why-view")
         driver.execute_script("arguments[0].scrollIntoView()", view)

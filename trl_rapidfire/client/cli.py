@@ -401,7 +401,9 @@ def build_parser(extra: Sequence[CommandRegistrar] = ()) -> argparse.ArgumentPar
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the report to")
     p.add_argument("--metric", default="eval_loss",
                    help="metric to plot and rank by (default eval_loss; lower is better for "
-                   "names ending in loss, else higher)")
+                   "names ending in loss, else higher); two, comma-separated (e.g. "
+                   "eval_loss,eval_accuracy), also draw their Pareto front (pareto.png) and "
+                   "rank by the first")
     p.add_argument("--experiment", help="MLflow experiment name (default: "
                    "MLFLOW_EXPERIMENT_NAME or the base name of OUTPUT_DIR)")
     p.add_argument("--uri", help="tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")

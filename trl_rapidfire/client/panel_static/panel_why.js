@@ -105,11 +105,17 @@ function drawWhy() {
     const points = axes.map((axis, i) => `${ax(i).toFixed(1)},${ay(axis.positions[k]).toFixed(1)}`);
     const line = svg("polyline", {points: points.join(" "), fill: "none", "data-run": run.name,
       class: "parallel-line"});
-    line.addEventListener("mouseenter", () => setHot(id));
-    line.addEventListener("mouseleave", () => setHot(null));
-    line.addEventListener("click", () => togglePin(id));
+    // A line is 1-3 px wide: an invisible wide twin takes the pointer, so a line is hovered
+    // and pinned from a few pixels away, as a curve is.
+    const hit = svg("polyline", {points: points.join(" "), fill: "none", "data-run": run.name,
+      class: "parallel-hit"});
+    const pair = svg("g", {"data-run": run.name});
+    pair.append(line, hit);
+    pair.addEventListener("mouseenter", () => setHot(id));
+    pair.addEventListener("mouseleave", () => setHot(null));
+    pair.addEventListener("click", () => togglePin(id));
     parallelLines.set(id, line);
-    lines.append(line);
+    lines.append(pair);
   });
   root.replaceChildren(...parts, lines);
   styleParallel();
@@ -130,13 +136,13 @@ function styleParallel() {
     const visible = visibleIds.has(run.id);
     const strong = state.hot === run.id || state.pinned.has(run.id);
     const lit = visible && (top.has(run.id) || strong);
-    line.style.display = visible ? "" : "none";
+    line.parentNode.style.display = visible ? "" : "none";
     line.setAttribute("stroke", lit ? runStyle(run.index).colour : GREY);
     line.setAttribute("stroke-width", strong ? 3 : lit ? 1.8 : 1);
     line.classList.toggle("coloured", lit);
     if (lit) raised.push([strong ? 1 : 0, line]);
   }
-  raised.sort((a, b) => a[0] - b[0]).forEach(([, line]) => group.append(line));
+  raised.sort((a, b) => a[0] - b[0]).forEach(([, line]) => group.append(line.parentNode));
 }
 
 function setUpWhy() {
