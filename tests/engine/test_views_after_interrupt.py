@@ -57,16 +57,26 @@ def _experiment(out, callbacks=None):
     return rf
 
 
-def _tags(uri):
+def _runs(uri):
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
     (exp,) = [e for e in client.search_experiments() if e.name == "exp"]
-    runs = client.search_runs([exp.experiment_id])
+    return client.search_runs([exp.experiment_id])
+
+
+def _tags(uri):
+    runs = _runs(uri)
     children = {r.data.tags["rapidfire.run"]: r.data.tags.get("rapidfire.status")
                 for r in runs if r.data.tags.get("rapidfire.role") == "run"}
     parent = next(r for r in runs if r.data.tags.get("rapidfire.role") == "experiment")
     return children, parent.info.status
+
+
+def _mlflow_statuses(uri):
+    """Each run's own MLflow status (the UI's status icon, not our tag)."""
+    return {r.data.tags["rapidfire.run"]: r.info.status for r in _runs(uri)
+            if r.data.tags.get("rapidfire.role") == "run"}
 
 
 def _status_lines(capsys, out):
@@ -95,6 +105,11 @@ def test_after_a_ctrl_c_every_view_says_interrupted_and_a_rerun_sets_them_right(
     children, parent = _tags(store)
     assert parent == "KILLED"  # not "training" until a heartbeat ages
     assert {n for n, s in children.items() if s == INTERRUPTED} == set(in_rotation)
+    # MLflow's own status says the same: no run of a stopped experiment shows as running (a
+    # run that never trained would wait, SCHEDULED: tests/tracking/test_mlflow_status.py).
+    native = _mlflow_statuses(store)
+    assert {n for n, s in native.items() if s == "KILLED"} == set(in_rotation), native
+    assert all(s == "SCHEDULED" for n, s in native.items() if n not in in_rotation), native
     lines = _status_lines(capsys, out)
     assert "killed" in lines[0], lines
     for name in in_rotation:
@@ -109,6 +124,7 @@ def test_after_a_ctrl_c_every_view_says_interrupted_and_a_rerun_sets_them_right(
     _experiment(out).train()  # the re-run trains them to the end
     children, parent = _tags(store)
     assert parent == "FINISHED" and set(children.values()) == {"completed"}
+    assert set(_mlflow_statuses(store).values()) == {"FINISHED"}
     lines = _status_lines(capsys, out)
     assert not any(INTERRUPTED in line for line in lines), lines
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from .background import BackgroundThread
 from .link import Connection, Link, run_filter
-from .tags import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG, STATUS_TAG
+from .tags import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG, STATUS_TAG, mlflow_status_of
 
 __all__ = ["BATCH", "Registrar", "Registration", "RegistrationError", "RunHandle",
            "register_batch"]
@@ -68,6 +68,9 @@ class RunHandle:
     # metric key -> steps already in the store. A set, not the last step: after a crash, a
     # re-run logs the points that never reached MLflow while later steps may already be there.
     steps: dict[str, set[int]] = field(default_factory=dict)
+    # Its MLflow status as the store holds it: written only when the run's status tag asks
+    # for another (tracking.tags.mlflow_status_of).
+    mlflow_status: str = "RUNNING"
 
 
 class RegistrationError(Exception):
@@ -108,9 +111,10 @@ def _existing(conn: Connection, names: list[str], known: int) -> dict[str, Any]:
     return found
 
 
-def _made(conn: Connection, reg: Registration, run: Any | None) -> tuple[str, list[str]]:
+def _made(conn: Connection, reg: Registration, run: Any | None
+          ) -> tuple[str, list[str], str]:
     """``reg``'s MLflow run, created if ``run`` is ``None``, with its missing params and a
-    status tag: its id and, for a found run, its metric keys."""
+    status tag: its id, for a found run its metric keys, and its MLflow status."""
     client = conn.client
     if run is None:
         tags = {EXPERIMENT_TAG: conn.rf_experiment, ROLE_TAG: "run", RUN_TAG: reg.name,
@@ -120,9 +124,14 @@ def _made(conn: Connection, reg: Registration, run: Any | None) -> tuple[str, li
                                    run_name=reg.name).info.run_id
         have_params: Mapping[str, str] = {}
         metric_keys: list[str] = []
+        # MLflow makes every run RUNNING; one that waits for its first chunk is SCHEDULED.
+        status = mlflow_status_of(tags[STATUS_TAG]) or "RUNNING"
+        if status != "RUNNING":
+            client.update_run(run_id, status=status)
     else:
         run_id, have_params = run.info.run_id, run.data.params
         metric_keys = list(run.data.metrics)
+        status = run.info.status
         # A found run's status is the engine's to change: a re-build of the same trainer (or
         # a slow worker of a launch) must not turn a completed run back to pending.
         if STATUS_TAG not in run.data.tags:
@@ -136,14 +145,14 @@ def _made(conn: Connection, reg: Registration, run: Any | None) -> tuple[str, li
     params = [Param(k, v) for k, v in new.items()]
     for i in range(0, len(params), _PARAMS_PER_CALL):
         client.log_batch(run_id, params=params[i:i + _PARAMS_PER_CALL])
-    return run_id, metric_keys
+    return run_id, metric_keys, status
 
 
 def register_batch(conn: Connection, batch: Sequence[Registration], *, lock: Any, known: int,
                    ready: Callable[[Registration, RunHandle], None]) -> None:
     """Find or create every run of ``batch``, in order; ``ready`` is told each one's handle as
     soon as it is usable. Raises :class:`RegistrationError` at the first MLflow error."""
-    found: list[tuple[Registration, str, list[str]]] = []
+    found: list[tuple[Registration, str, list[str], str]] = []
     # Under the lock: the workers of a launch register the same runs at the same time, and a
     # tracking server refuses a param logged twice.
     with lock:
@@ -153,21 +162,21 @@ def register_batch(conn: Connection, batch: Sequence[Registration], *, lock: Any
             raise RegistrationError(None, exc) from exc
         for reg in batch:
             try:
-                run_id, keys = _made(conn, reg, existing.get(reg.name))
+                run_id, keys, status = _made(conn, reg, existing.get(reg.name))
             except Exception as exc:
                 raise RegistrationError(reg.name, exc) from exc
             if reg.name in existing:
-                found.append((reg, run_id, keys))
+                found.append((reg, run_id, keys, status))
             else:
-                ready(reg, RunHandle(run_id))
+                ready(reg, RunHandle(run_id, mlflow_status=status))
     # Outside the lock: the steps a found run already has (a re-run skips them).
-    for reg, run_id, keys in found:
+    for reg, run_id, keys, status in found:
         try:
             steps = {key: {m.step for m in conn.client.get_metric_history(run_id, key)}
                      for key in keys}
         except Exception as exc:
             raise RegistrationError(reg.name, exc) from exc
-        ready(reg, RunHandle(run_id, steps))
+        ready(reg, RunHandle(run_id, steps, status))
 
 
 class Registrar:

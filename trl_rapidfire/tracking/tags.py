@@ -30,6 +30,7 @@ __all__ = [
     "RUN_TAG",
     "STATUS_TAG",
     "check_uri_across_machines",
+    "mlflow_status_of",
     "experiment_id_for",
     "read_experiment_id",
     "resolve_tracking_uri",
@@ -43,6 +44,13 @@ OP_SEQ_TAG = "rapidfire.op.seq"
 RUN_TAG = "rapidfire.run"
 EXPERIMENT_TAG = "rapidfire.experiment"
 STATUS_TAG = "rapidfire.status"
+# A run's status tag -> the MLflow status its run shows (the UI's status icon, a search's
+# ``attributes.status``): MLflow's own column must not call a run that waits "running", nor a
+# run of an interrupted experiment still running. "interrupted" is what views show for a run in
+# the rotation of an experiment that stopped training (shared_state.runs.INTERRUPTED).
+_MLFLOW_STATUS = {"pending": "SCHEDULED", "running": "RUNNING", "interrupted": "KILLED",
+                  "stopped": "KILLED", "deleted": "KILLED", "completed": "FINISHED",
+                  "failed": "FAILED"}
 PROGRESS_TAG = "rapidfire.progress"
 ROLE_TAG = "rapidfire.role"
 # On each run: its knobs' names (a JSON list), so the control panel's clone form offers the
@@ -109,3 +117,9 @@ def check_uri_across_machines(uri: str, machines: int) -> None:
         "mlflow.db --host 0.0.0.0 --port 5000`) "
         "and set MLFLOW_TRACKING_URI=http://<that host>:5000 for every machine; or drop "
         "'mlflow' from report_to.")
+
+
+def mlflow_status_of(status: str | None) -> str | None:
+    """The MLflow run status for a run whose status tag is ``status`` (``None``: not one of
+    ours, left as it is)."""
+    return _MLFLOW_STATUS.get(status or "")

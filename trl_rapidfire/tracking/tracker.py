@@ -58,6 +58,7 @@ from .tags import (
     RUN_TAG,
     STATUS_TAG,
     experiment_id_for,
+    mlflow_status_of,
     resolve_tracking_uri,
 )
 
@@ -78,8 +79,7 @@ __all__ = [
     "resolve_tracking_uri",
 ]
 
-_MLFLOW_STATUS = {"completed": "FINISHED", "failed": "FAILED", "stopped": "KILLED",
-                  "deleted": "KILLED"}
+_ENDED = frozenset({"FINISHED", "FAILED", "KILLED"})  # MLflow's statuses with an end time
 # How a train() call ended -> the parent run's MLflow status.
 _EXPERIMENT_STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 Point = tuple[str, float, int, int]  # (key, value, step, timestamp in ms)
@@ -251,8 +251,8 @@ class Tracker:
     def end_run(self, name: str, status: str) -> None:
         """Queue the end of run ``name`` with the MLflow status matching RF ``status`` (after
         its last points and tags)."""
-        mlflow_status = _MLFLOW_STATUS.get(status)
-        if mlflow_status is not None:
+        mlflow_status = mlflow_status_of(status)
+        if mlflow_status in _ENDED:
             with self._lock:
                 self._pending_ends[name] = mlflow_status
             self._thread.put(self._write_pending)
@@ -313,9 +313,23 @@ class Tracker:
             if batch or run_tags:
                 conn.client.log_batch(handle.run_id, metrics=batch, tags=run_tags)
             run_tags = []
+        if STATUS_TAG in tags:
+            self._set_status(conn, handle, mlflow_status_of(tags[STATUS_TAG]))
 
     def _end(self, conn: Connection, name: str, status: str) -> None:
-        conn.client.set_terminated(self._handle(name).run_id, status)
+        self._set_status(conn, self._handle(name), status)
+
+    @staticmethod
+    def _set_status(conn: Connection, handle: RunHandle, status: str | None) -> None:
+        """Give the run MLflow's ``status`` when it holds another: an ending one with its end
+        time; ``RUNNING`` again (a resumed or re-run run) or ``SCHEDULED`` as it is."""
+        if status is None or status == handle.mlflow_status:
+            return
+        if status in _ENDED:
+            conn.client.set_terminated(handle.run_id, status)
+        else:
+            conn.client.update_run(handle.run_id, status=status)
+        handle.mlflow_status = status
 
     def _handle(self, name: str) -> RunHandle:
         handle = self._runs.handle(name)
