@@ -143,10 +143,18 @@ def _knobs(runs: Sequence[Any]) -> list[str]:
     every runs table: :func:`~.experiments.tracked_knobs`, then
     :func:`~trl_rapidfire.reports.display.differing_keys`)."""
     from ..reports.display import differing_keys
+    from ..reports.knob_fields import expand_knobs
     from .experiments import tracked_knobs
 
-    rows, names = tracked_knobs([run.data.params for run in runs],
-                                [run.data.tags for run in runs])
+    params = [run.data.params for run in runs]
+    rows, names = tracked_knobs(params, [run.data.tags for run in runs])
+    if names is None:
+        # A LoRA config that differs in one field is that field's column (its own param,
+        # trainers/run_builder.py), not a long description cut where the difference hides;
+        # runs logged before those params existed keep the whole knob.
+        expanded = expand_knobs(rows)
+        if all(k in p for row, p in zip(expanded, params) for k in row):
+            rows = expanded
     return differing_keys(rows, names)[:_MAX_KNOB_COLUMNS]
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..config.knobs import LORA_SHORT_NAMES
 
-__all__ = ["config_fields", "expand_knobs"]
+__all__ = ["config_fields", "dotted_params", "expand_knobs"]
 
 # Text longer than this is no value we wrote (describe_value's forms are a line or two): it
 # stays whole rather than feed a parser megabytes of someone's param.
@@ -161,3 +161,19 @@ def expand_knobs(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     new[f"{key}.{name}"] = fields[name]
         out.append(new)
     return out
+
+
+def dotted_params(knobs: Mapping[str, Any], described: Mapping[str, str]) -> dict[str, Any]:
+    """MLflow params of the fields of each knob whose value is a config object
+    (``peft_config.r``, ``peft_config.lora_alpha``), so that MLflow's runs table can show the
+    field that tells runs apart as a column of its own. ``described``: each knob's logged text
+    (:func:`..config.knobs.describe_value`); the fields are the ones it shows (a LoRA config's
+    rank, alpha, targets and whatever else is not its default), not every field of the class.
+    A knob that is no object gives none."""
+    params: dict[str, Any] = {}
+    for key in knobs:
+        text = described.get(key)
+        fields = config_fields(text) if isinstance(text, str) else None
+        for name, value in (fields or {}).items():
+            params[f"{key}.{name}"] = value
+    return params

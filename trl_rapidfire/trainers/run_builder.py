@@ -22,6 +22,7 @@ from ..config.knobs import describe_value, is_knob
 from ..control.ops import Op, OpError, resolve_overrides
 from ..engine import EvalCadence, NewRun, PlannedRun, RunSlot
 from ..engine.chunks import ChunkPlan
+from ..reports.knob_fields import dotted_params
 from ..runtime.accelerate_state import World, building_in
 from ..runtime.models import ModelPool, adapter_name
 from ..runtime.workers import current_worker
@@ -280,6 +281,11 @@ class RunBuilder:
             tracked["generation_config"] = describe_value(generation)
         if self.tracked:
             tracked.update({k: describe_value(v) for k, v in spec.knobs.items()
+                            if k not in tracked})
+            # A LoRA config's rank or alpha as a param of its own: MLflow's runs table then
+            # shows the field that differs as its own column (client/dashboard.py's view).
+            described = {k: tracked[k] for k in spec.knobs if isinstance(tracked.get(k), str)}
+            tracked.update({k: v for k, v in dotted_params(spec.knobs, described).items()
                             if k not in tracked})
         return dict(
             name=spec.name, index=spec.index, knobs=spec.knobs,
