@@ -88,6 +88,11 @@ class Outcome:
     policy: dict[str, int] = field(default_factory=dict)
     # (trial, steps trained, seconds from the start to its end), in the order trials ended
     trace: list[tuple[int, int, float]] = field(default_factory=list)
+    # trial -> {step: eval loss} (HF: what its pruning callback reported; ours: every logged
+    # evaluation), for telling where the two sides' decisions part (--json only)
+    values: dict[int, dict[int, float]] = field(default_factory=dict)
+    params: dict[int, dict[str, Any]] = field(default_factory=dict)  # trial -> its config
+    states: dict[int, str] = field(default_factory=dict)  # trial -> COMPLETE, PRUNED, ...
 
 
 def _bench() -> ModuleType:
@@ -187,7 +192,10 @@ def run_hf(bench: ModuleType, setup: dict[str, Any], args: argparse.Namespace,
                       steps=sum(t.last_step or 0 for t in trials),
                       trace=[(t.number, t.last_step or 0,
                               round(t.datetime_complete.timestamp() - start, 3))
-                             for t in trials if t.datetime_complete is not None])
+                             for t in trials if t.datetime_complete is not None],
+                      values={t.number: dict(t.intermediate_values) for t in trials},
+                      params={t.number: dict(t.params) for t in trials},
+                      states={t.number: t.state.name for t in trials})
     if done:
         best = min(done, key=lambda t: t.value)
         outcome.best_loss, outcome.best_params = best.value, dict(best.params)
@@ -237,7 +245,10 @@ def run_rf(bench: ModuleType, setup: dict[str, Any], args: argparse.Namespace, o
     ends = {(r.run, r.end_step): r.end_time for r in records}
     outcome = Outcome(f"rf {concurrent}", wall=wall, cpu=cpu, trials=len(rf.runs),
                       steps=sum(r.end_step - r.start_step for r in records),
-                      pruned=sum(r.status.value == "stopped" for r in rf.runs),
+                      # Pruned as the study counts: stopped, or completed and pruned at
+                      # its last report (Optuna's loop, as transformers' search runs it)
+                      pruned=sum(r.status.value == "stopped" or bool(
+                          policy.pruned_at_end(r.name)) for r in rf.runs),
                       policy=dict(getattr(policy, "stats", {})))
     last: dict[str, tuple[int, float]] = {}
     for r in records:
@@ -246,11 +257,17 @@ def run_rf(bench: ModuleType, setup: dict[str, Any], args: argparse.Namespace, o
                            key=lambda x: x[2])
     finals = {}
     for run in rf.runs:
-        if run.status.value != "completed":
-            continue
         trainer = rf.run_trainer(run.name)
         losses = [(int(e["step"]), float(e["eval_loss"])) for e in trainer.state.log_history
                   if "eval_loss" in e] if trainer is not None else []
+        outcome.values[int(run.name.split("-")[-1])] = dict(losses)
+        number = int(run.name.split("-")[-1])
+        outcome.params[number] = {k: run.knobs[k] for k in ("learning_rate", "lr_scheduler_type")}
+        outcome.states[number] = ("PRUNED" if run.status.value == "stopped"
+                                  or policy.pruned_at_end(run.name) else
+                                  "COMPLETE" if run.status.value == "completed" else "FAIL")
+        if run.status.value != "completed" or policy.pruned_at_end(run.name):
+            continue
         if losses:
             step, loss = max(losses)
             finals[run.name] = (loss, step, run.knobs)

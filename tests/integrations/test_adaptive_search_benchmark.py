@@ -1,8 +1,9 @@
 """``benchmarks/adaptive_search.py`` at a small size: it prints each search's figures and the
 ratios against transformers' ``hyperparameter_search``; one run at a time, ours trains the
-trials transformers trains (the same sampler, seed and pruner on the same values) and finds
-the same best, to the last digit printed (no time is asserted: the figures are the
-benchmark's to print)."""
+trials transformers trains (the same sampler, seed and pruner on the same values): the same
+configs, each trial the same steps and the same end (a trial that trained all its steps and
+was pruned at its last report included: seed 2 has one, trial 8), and the same best, to the
+last digit printed (no time is asserted: the figures are the benchmark's to print)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_one_at_a_time_it_trains_what_transformers_trains_and_finds_its_best(tmp_path):
     out = tmp_path / "figures.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "adaptive_search.py"), "--trials", "5",
-         "--rows", "64", "--eval-every", "2", "--reduction-factor", "2",
+        [sys.executable, str(ROOT / "benchmarks" / "adaptive_search.py"), "--trials", "12",
+         "--rows", "64", "--eval-every", "2", "--reduction-factor", "2", "--seed", "2",
          "--max-concurrent", "1", "2", "--json", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=900,
         env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT)))
@@ -42,5 +43,11 @@ def test_one_at_a_time_it_trains_what_transformers_trains_and_finds_its_best(tmp
     assert one["best_params"]["learning_rate"] == pytest.approx(
         hf["best_params"]["learning_rate"], rel=1e-12)
     assert one["best_loss"] == pytest.approx(hf["best_loss"], rel=1e-6)
+    # Trial by trial: the same config, the same steps, the same end.
+    assert one["params"] == hf["params"] and one["states"] == hf["states"]
+    assert [t[:2] for t in one["trace"]] == [t[:2] for t in hf["trace"]]
+    full = max(steps for _, steps, _ in hf["trace"])
+    ended = {str(t) for t, steps, _ in hf["trace"] if steps == full}
+    assert any(hf["states"][t] == "PRUNED" for t in ended), hf["states"]  # the case is here
     # The pruner kept its study: one replay, at the first decision.
-    assert one["policy"]["rebuilds"] == 1 and one["policy"]["trials_created"] == 5
+    assert one["policy"]["rebuilds"] == 1 and one["policy"]["trials_created"] == 12

@@ -228,7 +228,10 @@ def test_combined_with_budget_each_decision_names_its_policy():
 @pytest.mark.parametrize("seed", range(4))
 def test_the_same_answers_as_optunas_own_report_and_should_prune_loop(make, seed):
     """Two waves of runs trained in interleaved chunks, each chunk's value reported to an
-    Optuna trial as it comes: rebuilt from the histories, the answers are Optuna's."""
+    Optuna trial as it comes and ``should_prune()`` asked after each report, the last one
+    too (a trial pruned there ends PRUNED, as in transformers' ``hyperparameter_search``):
+    rebuilt from the histories, the answers are Optuna's, at the last value as
+    ``pruned_at_end``."""
     import random
 
     rng = random.Random(seed)
@@ -248,11 +251,13 @@ def test_the_same_answers_as_optunas_own_report_and_should_prune_loop(make, seed
                 trials[n].report(values[n][c], CHUNK * (c + 1))
                 context = ctx(*(run(m, values[m][:done[m]], chunks, status[m]) for m in names))
                 ours = policy.on_chunk_end(n, context)
-                theirs = c < chunks - 1 and trials[n].should_prune()
-                assert bool(ours) == theirs, (n, c)
+                theirs = trials[n].should_prune()
+                last = c == chunks - 1
+                assert bool(ours) == (theirs and not last), (n, c)  # no stop at the end
+                assert policy.pruned_at_end(n) == (theirs if last else None), (n, c)
                 if theirs:
                     study.tell(trials[n], state=optuna.trial.TrialState.PRUNED)
-                    status[n] = STOPPED
-                elif c == chunks - 1:
+                    status[n] = DONE if last else STOPPED
+                elif last:
                     study.tell(trials[n], values[n][c])
                     status[n] = DONE

@@ -136,7 +136,7 @@ class Engine:
             proposer=proposer, layout=self.layout, store=self.store, slots=self.slots,
             shared=self._shared, runs=runs, register=self.registry.register,
             replanned=self.replanned,
-            admitted=self._ops.admits_new_runs,
+            policy=self._ops,
         )
 
     def build_now(self, name: str) -> RunSlot:

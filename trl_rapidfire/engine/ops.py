@@ -180,6 +180,14 @@ class OpsDesk:
             return True
         return self.policy.admits_new_runs(self._view.refresh())
 
+    def pruned_at_end(self, run: str) -> bool | None:
+        """The policy's verdict on the finished ``run``'s last evaluation
+        (:meth:`~trl_rapidfire.control.policies.Policy.pruned_at_end`); ``None`` where this
+        worker does not consult the policy (only the first does) or has not yet."""
+        if self.policy is None:
+            return False
+        return self.policy.pruned_at_end(run) if self.worker.rank == 0 else None
+
     # ------------------------------------------------------------------ applying them
 
     def apply_ops(self) -> list[OpRecord]:

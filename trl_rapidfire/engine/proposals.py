@@ -27,7 +27,7 @@ from .coordination import Coordinator
 from .records import RunSlot, history_of
 from .run_trainer import NewRun, RunFactory
 
-__all__ = ["Proposal", "Proposals", "Proposer"]
+__all__ = ["PolicyVerdicts", "Proposal", "Proposals", "Proposer"]
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,22 @@ class Proposer(Protocol):
         """The run trained more chunks: record the metric's values at their ends so far (the
         trial's intermediate values, as ``trial.report`` would)."""
 
-    def tell(self, history: RunHistory) -> str | None:
-        """The run left the rotation: record its result (at most once per run, whoever asks).
-        Returns what was recorded, for the logs, or ``None`` when nothing was (told
-        before)."""
+    def tell(self, history: RunHistory, pruned_at_end: bool = False) -> str | None:
+        """The run left the rotation: record its result (at most once per run, whoever asks;
+        ``pruned_at_end``: the policy found the completed run a loser at its last
+        evaluation). Returns what was recorded, for the logs, or ``None`` when nothing was
+        (told before)."""
+
+
+class PolicyVerdicts(Protocol):
+    """What the search's side of the loop asks the experiment's policy (the ops desk)."""
+
+    def admits_new_runs(self) -> bool:
+        """Whether the policy lets the search start another run now."""
+
+    def pruned_at_end(self, run: str) -> bool | None:
+        """Whether the policy found the completed ``run`` a loser at its last evaluation
+        (``None``: not known here)."""
 
 
 class Proposals:
@@ -85,15 +97,16 @@ class Proposals:
         runs: builds a proposed run's trainer.
         register: registers a built run (:meth:`~.building.RunRegistry.register`).
         replanned: told when new runs change the experiment's chunk count.
-        admitted: whether the experiment's policy lets the search start another run now
-            (a spent budget does not).
+        policy: the experiment's policy, as far as the search needs it: whether it lets the
+            search start another run now (a spent budget does not), and whether it found a
+            completed run a loser at its end; ``None``: no policy.
     """
 
     def __init__(
         self, *, proposer: Proposer | None, layout: Layout, store: StateStore,
         slots: dict[str, RunSlot], shared: Coordinator, runs: RunFactory | None,
         register: Callable[[NewRun], RunSlot], replanned: Callable[[], None],
-        admitted: Callable[[], bool] = lambda: True,
+        policy: PolicyVerdicts | None = None,
     ) -> None:
         self.proposer = proposer
         self.layout = layout
@@ -103,7 +116,7 @@ class Proposals:
         self._runs = runs
         self._register = register
         self._replanned = replanned
-        self._admitted = admitted
+        self._policy = policy
         self._told: set[str] = set()
         self._reported: dict[str, int] = {}  # run -> chunks whose values the study has
         self._checked = False  # the first step of this process always looks
@@ -130,10 +143,13 @@ class Proposals:
                 slot = self.slots.get(name)
                 if record.status.schedulable or name in self._told or slot is None:
                     continue
-                proposer.tell(history_of(slot, record.chunks_done))
+                # A verdict not known here (another worker trained its end) counts as none.
+                judged = self._policy is not None and bool(self._policy.pruned_at_end(name))
+                proposer.tell(history_of(slot, record.chunks_done), pruned_at_end=judged)
                 self._told.add(name)
             rotation = sum(1 for r in st.runs.values() if r.status.schedulable)
-            admitted = rotation >= proposer.max_concurrent or self._admitted()
+            admitted = rotation >= proposer.max_concurrent or (
+                self._policy is None or self._policy.admits_new_runs())
             while rotation < proposer.max_concurrent and admitted and proposer.more():
                 name = run_name(next_run_index(st.runs, self.slots))
                 proposal = proposer.propose(name)

@@ -178,6 +178,14 @@ class Policy(ABC):
         says no: the runs it stopped would otherwise be replaced, one chunk each)."""
         return True
 
+    def pruned_at_end(self, run: str) -> bool | None:
+        """Whether this policy, asked about ``run``'s last evaluation, found it a loser
+        although it had finished training: an adaptive search then records the run as pruned,
+        as Optuna's own loop does when the pruner says so after a trial's last report
+        (transformers' ``hyperparameter_search``). ``None``: its last boundary not judged yet.
+        A policy that does not judge finished runs says ``False``."""
+        return False
+
 
 class Policies(Policy):
     """Several policies asked in order; each run gets at most one stop or fail (the first).
@@ -205,6 +213,10 @@ class Policies(Policy):
 
     def admits_new_runs(self, context: Context) -> bool:
         return all(p.admits_new_runs(context) for p in self.policies)
+
+    def pruned_at_end(self, run: str) -> bool | None:
+        verdicts = [p.pruned_at_end(run) for p in self.policies]
+        return True if True in verdicts else None if None in verdicts else False
 
     def evaluates_at(self, run: str, chunks: int, chunks_total: int) -> bool:
         return any(p.evaluates_at(run, chunks, chunks_total) for p in self.policies)

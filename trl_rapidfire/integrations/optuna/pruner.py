@@ -39,6 +39,7 @@ import math
 from typing import Any
 
 from ...control.policies import Context, Decision, Policy, RunHistory, chunk_values
+from ...shared_state.runs import RunStatus
 from .pruning_study import PruningStudy, cascades, replay, resolve_auto, trial_order
 from .support import require_optuna
 
@@ -64,6 +65,12 @@ class OptunaPruner(Policy):
     Trials: a completed run is COMPLETE (its value: its last intermediate value; FAIL if it has
     none), a stopped run PRUNED, a pending or running run RUNNING, a failed run FAIL with its
     values and a deleted run FAIL without them (kept as trials so the numbering stays).
+
+    A run's last value is asked about too, as Optuna's own loop asks ``should_prune()`` after
+    a trial's last ``report()``: a run the pruner prunes there has trained to its end and stays
+    completed, but its trial is PRUNED, here and in an :class:`OptunaSearch` study
+    (:meth:`pruned_at_end`), as transformers' ``hyperparameter_search`` leaves it. The
+    sampler then sees the trials it sees there.
 
     Defined cases: a run that is not schedulable, is already training its next chunk, is at
     its last chunk, or logged no value within its latest chunk gets no decision; a NaN value in
@@ -107,6 +114,7 @@ class OptunaPruner(Policy):
         self._version = 0
         self._grids: set[tuple[int, ...]] = set()  # chunk ends checked for cascades
         self.rebuilds = 0  # replays of every history (tests and benchmarks count them)
+        self._at_end: dict[str, bool] = {}  # completed runs' verdicts at their last value
         self._spent = (0, 0)  # pruner calls and trials of the studies given up
 
     @property
@@ -164,7 +172,10 @@ class OptunaPruner(Policy):
         self._seen = context
         me = context.runs[run]
         chunks = me.chunks_done
-        if (not me.status.schedulable or me.training or chunks >= me.chunks_total
+        if chunks >= me.chunks_total and me.chunks_total:
+            self._judge_end(run, context)
+            return []
+        if (not me.status.schedulable or me.training
                 or not 0 < chunks <= len(me.chunk_ends)):
             return []
         step = me.chunk_ends[chunks - 1]
@@ -179,10 +190,31 @@ class OptunaPruner(Policy):
         return [Decision(run, "stop", f"{type(self.pruner).__name__} pruned it at step {step} "
                                       f"({self.metric} {mine:.4g})")]
 
-    def _prune(self, run: str, step: int, value: float, context: Context) -> bool:
+    def pruned_at_end(self, run: str) -> bool | None:
+        """Whether the pruner pruned the completed ``run`` at its last value, as Optuna's loop
+        asks after a trial's last report (the search then records it PRUNED); ``None`` for a
+        run whose last chunk end this policy has not seen."""
+        return self._at_end.get(run)
+
+    def _judge_end(self, run: str, context: Context) -> None:
+        """The run trained its last chunk: ask the pruner about its last value once, as
+        ``trial.should_prune()`` is asked after a trial's last ``trial.report``."""
+        me = context.runs[run]
+        if run in self._at_end:
+            return
+        step = me.chunk_ends[-1] if len(me.chunk_ends) == me.chunks_done else 0
+        mine = chunk_values(me, self.metric).get(step) if step else None
+        if (mine is None or math.isnan(mine) or me.training
+                or me.status not in (RunStatus.COMPLETED, RunStatus.RUNNING)):
+            self._at_end[run] = False
+            return
+        self._at_end[run] = self._prune(run, step, mine, context, last=True)
+
+    def _prune(self, run: str, step: int, value: float, context: Context,
+               last: bool = False) -> bool:
         if self._template is None:
             self._template = resolve_auto(copy.deepcopy(self.pruner), context.runs.values())
-        question = (run, step, value)
+        question = (run, step, value, last)
         if not self._incremental:
             return self._rebuild(context, question, keep=False)
         book = self._book
@@ -198,15 +230,18 @@ class OptunaPruner(Policy):
                                                  or not book.add(history)):
                 return self._rebuild(context, question, keep=self._incremental)
         for history in histories:
-            new = book.pending(history, step if history.name == run else None)
+            asking = history.name == run
+            new = book.pending(history, step if asking else None)
             if new is None:
                 return self._rebuild(context, question)
-            book.feed(history, new)
+            book.feed(history, new, asking=asking)
         if len(context.runs) != book.trials_created:  # a run gone from the context
             return self._rebuild(context, question)
         if step in book.reported(run):  # asked about this boundary before
             return self._rebuild(context, question)
-        return book.ask(run, step, value)
+        answer = book.ask(run, step, value, last=last)
+        book.settle(context.runs[run])
+        return answer
 
     def _cascades(self, history: RunHistory) -> bool:
         """Check a new run's chunk ends: rungs closer than its chunks make the study's state
@@ -218,7 +253,7 @@ class OptunaPruner(Policy):
                 self._incremental = False
         return not self._incremental
 
-    def _rebuild(self, context: Context, question: tuple[str, int, float],
+    def _rebuild(self, context: Context, question: tuple[str, int, float, bool],
                  keep: bool = True) -> bool:
         """Replay every history into a new study and answer the question; ``keep``: the
         study is kept and told what changes from now on."""
@@ -231,7 +266,7 @@ class OptunaPruner(Policy):
         if old is not None:
             self._spent = (self._spent[0] + old.prune_calls, self._spent[1] + old.trials_created)
         book, answer = replay(copy.deepcopy(self._template), self.direction, self.metric,
-                              self._stateful, context.runs, question)
+                              self._stateful, context.runs, question, self._at_end)
         if keep:
             self._book, self._context, self._version = book, context, context.version
         else:

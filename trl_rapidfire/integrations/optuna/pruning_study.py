@@ -139,6 +139,10 @@ class PruningStudy:
         self._last: tuple[int, int, str] | None = None  # the greatest trial_order so far
         self._fed: dict[str, dict[int, float]] = {}  # the values each trial holds
         self._finished: dict[str, tuple[Any, float | None]] = {}
+        # Completed runs asked about their last value: whether the pruner pruned them there
+        # (their trial is then PRUNED, as Optuna's loop leaves a trial pruned after its last
+        # report; a median pruner, say, then leaves it out of its medians).
+        self.judged: dict[str, bool] = {}
         self.prune_calls = 0  # how many times the pruner was asked (tests count them)
         self.trials_created = 0
 
@@ -179,23 +183,43 @@ class PruningStudy:
         if new and new[0][0] < top:
             return None
         finished = self._finished.get(history.name)
-        if finished is not None and (new or _final(history.status, values, self._state)
-                                     != finished):
+        if finished is not None and (new or self.final_of(history) != finished):
             return None
         return new
 
-    def feed(self, history: RunHistory, new: list[tuple[int, float]]) -> None:
+    def final_of(self, history: RunHistory) -> tuple[Any, float | None]:
+        """The trial state and value of ``history``'s run (:func:`_final`), PRUNED for a
+        completed run the pruner pruned at its last value."""
+        final = _final(history.status, _values(history, self.metric), self._state)
+        if final[0] == self._state.COMPLETE and self.judged.get(history.name):
+            return self._state.PRUNED, final[1]
+        return final
+
+    def feed(self, history: RunHistory, new: list[tuple[int, float]],
+             asking: bool = False) -> None:
         """Report ``new`` (from :meth:`pending`) to the run's trial, each value passed to a
-        stateful pruner, then finish the trial if the run has left the rotation."""
+        stateful pruner, then finish the trial if the run has left the rotation (``asking``:
+        the run's question comes next, and :meth:`settle` finishes it after)."""
         name = history.name
+        verdict = False
         for step, value in new:
             self._report(name, step, value)
             if self.stateful:
-                self._prune(name)  # its verdict is not asked for: it records the rungs
-        if name not in self._finished:
-            final = _final(history.status, _values(history, self.metric), self._state)
+                verdict = self._prune(name)  # it records the rungs
+        if asking:
+            return
+        completed = history.status == RunStatus.COMPLETED
+        if completed and new and name not in self.judged:
+            # Its last value came in here: asked about it, as after a trial's last report.
+            self.judged[name] = verdict if self.stateful else self._prune(name)
+        self.settle(history)
+
+    def settle(self, history: RunHistory) -> None:
+        """Finish the run's trial if the run has left the rotation (once)."""
+        if history.name not in self._finished:
+            final = self.final_of(history)
             if final[0] != self._state.RUNNING:
-                self.finish(name, final)
+                self.finish(history.name, final)
 
     def _report(self, name: str, step: int, value: float) -> None:
         self.storage.set_trial_intermediate_value(self._ids[name], step, value)
@@ -211,21 +235,27 @@ class PruningStudy:
         self.prune_calls += 1
         return bool(self.pruner.prune(self.study, self.storage.get_trial(self._ids[name])))
 
-    def ask(self, name: str, step: int, value: float) -> bool:
+    def ask(self, name: str, step: int, value: float, last: bool = False) -> bool:
         """The question: ``value`` at ``step`` reported to the run's trial, then whether the
-        pruner prunes it."""
+        pruner prunes it (``last``: the run's last value, the verdict kept in
+        :attr:`judged`)."""
         self._report(name, step, value)
-        return self._prune(name)
+        answer = self._prune(name)
+        if last:
+            self.judged[name] = answer
+        return answer
 
 
 def replay(pruner: Any, direction: str, metric: str, stateful: bool,
-           runs: Mapping[str, RunHistory], question: tuple[str, int, float] | None
-           ) -> tuple[PruningStudy, bool]:
+           runs: Mapping[str, RunHistory], question: tuple[str, int, float, bool] | None,
+           verdicts: Mapping[str, bool] | None = None) -> tuple[PruningStudy, bool]:
     """A study built from the runs' histories at once: one trial per run in creation order,
     every value reported in step order (then by trial number) and passed to a stateful
-    pruner, each trial finished after its last value; then the question (``run``, its step,
-    its value) last. Returns the study and the pruner's answer (``False`` without a
-    question)."""
+    pruner (a completed run's last value to any pruner: its verdict there is kept), each
+    trial finished after its last value; then the question (``run``, its step, its value,
+    whether it is the run's last) last. ``verdicts``: completed runs' verdicts at their last
+    value as they were given when it arrived (kept: the search was told them). Returns the
+    study and the pruner's answer (``False`` without a question)."""
     book = PruningStudy(pruner, direction, metric, stateful)
     held = question[0] if question else None
     events: list[tuple[int, int, str, float]] = []
@@ -242,15 +272,21 @@ def replay(pruner: Any, direction: str, metric: str, stateful: bool,
     events.sort(key=lambda e: (e[0], e[1]))
     finals = {h.name: _final(h.status, _values(h, metric), book._state) for h in runs.values()}
     for name, final in finals.items():
-        if name not in last_event and final[0] != book._state.RUNNING:
+        if name not in last_event and name != held and final[0] != book._state.RUNNING:
             book.finish(name, final)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the replay's answers are not the question's
         for step, number, name, value in events:
             book._report(name, step, value)
-            if stateful:
-                book._prune(name)
-            if last_event[name] == (step, number) and finals[name][0] != book._state.RUNNING:
-                book.finish(name, finals[name])
+            # The question's run ends after its question (its last value may be it).
+            last = last_event[name] == (step, number) and name != held
+            completed = last and finals[name][0] == book._state.COMPLETE
+            verdict = book._prune(name) if stateful or completed else False
+            if completed:
+                book.judged[name] = (verdicts or {}).get(name, verdict)
+            if last and finals[name][0] != book._state.RUNNING:
+                book.finish(name, book.final_of(runs[name]))
     answer = book.ask(*question) if question else False
+    if held is not None:
+        book.settle(runs[held])
     return book, answer

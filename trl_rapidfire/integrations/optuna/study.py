@@ -280,10 +280,13 @@ class StudyBook:
                 if step not in trial.intermediate_values:
                     self.storage.set_trial_intermediate_value(trial_id, step, value)
 
-    def tell(self, history: RunHistory) -> str | None:
+    def tell(self, history: RunHistory, pruned_at_end: bool = False) -> str | None:
         """Tell the study how ``history``'s run ended, once: a completed run's last value
-        of the metric (COMPLETE), a stopped or deleted one's values so far (PRUNED), a
-        failed one (FAIL); each chunk end's value as an intermediate value at its step.
+        of the metric (COMPLETE; PRUNED with ``pruned_at_end``, when the policy's pruner
+        pruned it at its last report, as Optuna's loop in transformers'
+        ``hyperparameter_search`` does: its sampler then sees the same trials), a stopped or
+        deleted one's values so far (PRUNED), a failed one (FAIL); each chunk end's value as
+        an intermediate value at its step.
         A run without a trial (a clone) is added as a trial of its own, when its knobs fit
         the search's distributions. Returns what was told, ``None`` if it was before."""
         optuna = self._optuna
@@ -292,7 +295,10 @@ class StudyBook:
         finite = {} if self.multi else _finite(chunk_values(history, self.metrics[0]))
         last = finals[0]
         values: list[float] | None = None
-        if history.status == RunStatus.COMPLETED and None not in finals:
+        if (history.status == RunStatus.COMPLETED and pruned_at_end and not self.multi
+                and last is not None):
+            state = state_of.PRUNED
+        elif history.status == RunStatus.COMPLETED and None not in finals:
             state, values = state_of.COMPLETE, [v for v in finals if v is not None]
         elif history.status in (RunStatus.STOPPED, RunStatus.DELETED) and any(
                 v is not None for v in finals):
@@ -322,6 +328,8 @@ class StudyBook:
         shown = values if values is not None else [last] if (
             state != state_of.FAIL and last is not None and not self.multi) else None
         told = state.name + ("" if shown is None else " " + ", ".join(f"{v:.6g}" for v in shown))
+        if state == state_of.PRUNED and history.status == RunStatus.COMPLETED:
+            told += " (completed; pruned at its last report)"
         self._log("told", history.name, number, told)
         if front is not None:
             self._log("front", "", "", " ".join(front))
