@@ -15,12 +15,22 @@ from ..shared_state.store import StateStore, renew
 __all__ = ["Interruptible", "LeaseKeeper", "WallClock", "install_sigint", "orphaned",
            "stopped_by_ctrl_c"]
 
-_GRACEFUL = ("stopped at a chunk boundary: every finished chunk is kept; run the same script "
-             "again to continue where it stopped.")
+# {again}: how this person continues (a script is run again; a notebook calls train() again).
+_GRACEFUL = ("stopped at a chunk boundary: every finished chunk is kept; {again} to continue "
+             "where it stopped.")
 _NOW = ("stopped at once, mid-chunk: each run is kept as of its last finished chunk (the "
-        "chunk in progress is trained again by a re-run of the same script).")
+        "chunk in progress is trained again when you {again}).")
 _WHILE_WRITING = ("left while writing the runs' states: what was written is kept; the chunks "
-                  "not written yet are trained again by a re-run of the same script.")
+                  "not written yet are trained again when you {again}.")
+
+
+def _again() -> str:
+    """How to continue an experiment stopped by Ctrl-C, as this person runs it: in a Jupyter
+    kernel the trainer is still there, and its next ``train()`` continues."""
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
+        return "call train() again"
+    return "run the same script again"
 
 
 def stopped_by_ctrl_c(message: str = _GRACEFUL) -> KeyboardInterrupt:
@@ -29,7 +39,7 @@ def stopped_by_ctrl_c(message: str = _GRACEFUL) -> KeyboardInterrupt:
     alone, not a traceback, and still with Ctrl-C's exit status (CPython exits by SIGINT only
     for a ``KeyboardInterrupt`` itself, no subclass: hence a marked instance); a notebook
     shows the line alone too (IPython's ``_render_traceback_``)."""
-    line = f"trl-rapidfire: {message}"
+    line = f"trl-rapidfire: {message.format(again=_again())}"
     err = KeyboardInterrupt(line)
     err.rapidfire_line = line  # type: ignore[attr-defined]
     err._render_traceback_ = lambda: [line]  # type: ignore[attr-defined]
@@ -149,7 +159,7 @@ def install_sigint(engine: Interruptible) -> Any:
         engine.interrupted = True
         print(  # noqa: T201 - the person pressing Ctrl-C needs to know what happens
             "\ntrl-rapidfire: stopping at the next chunk boundary (Ctrl-C again to stop now; "
-            "finished chunks are kept either way, re-run the script to continue)",
+            f"finished chunks are kept either way: {_again()} to continue)",
             flush=True,
         )
 
@@ -172,7 +182,8 @@ def install_ending_sigint() -> Any:
         pressed.append(True)
         print(  # noqa: T201 - the person pressing Ctrl-C needs to know what happens
             "\ntrl-rapidfire: writing what was trained and the runs' states (a few seconds; "
-            "Ctrl-C again to leave now: chunks not written yet are trained again by a re-run)",
+            "Ctrl-C again to leave now: chunks not written yet are trained again when you "
+            f"{_again()})",
             flush=True,
         )
 
