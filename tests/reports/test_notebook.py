@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from kernel_cells import setup_cell
 
 from trl_rapidfire.testing import tiny_model_path
 
@@ -20,23 +21,10 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
-SETUP = """\
-import os, sys
-sys.modules["ipywidgets"] = None  # as without the notebook extra: it cannot be imported
-os.environ["HF_HUB_OFFLINE"] = "1"
-import torch
-torch.set_num_threads(1)
-from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.testing import (cpu_training_kwargs, make_sft_dataset, tiny_lora_config,
-                                   tiny_model_path)
-config = RFSFTConfig(output_dir={out!r}, learning_rate=List([1e-3, 3e-3, 1e-2]),
-                     num_chunks=4, per_device_train_batch_size=4, num_train_epochs=1,
-                     **dict(cpu_training_kwargs(), disable_tqdm=False))
-trainer = RFSFTTrainer(model=tiny_model_path(), args=config,
-                       train_dataset=make_sft_dataset(96, seed=1),
-                       peft_config=tiny_lora_config(r=4))
-trainer.train(blocking=False)
-"""
+SETUP = setup_cell("{out}", rows=96, chunks=4,
+                   before='sys.modules["ipywidgets"] = None  # as without the notebook '
+                          "extra: it cannot be imported\n",
+                   extra=", disable_tqdm=False") + "trainer.train(blocking=False)\n"
 STOP = """\
 import time
 while trainer.training and not trainer.schedule:  # its first chunk is done
@@ -53,7 +41,8 @@ print({r.name: r.status.value for r in trainer.runs})
 def test_a_notebook_trains_in_the_background_and_its_runs_table_refreshes_in_place(tmp_path):
     tiny_model_path()
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(SETUP.format(out=str(tmp_path / "exp")) + STOP + WAIT)]
+    nb.cells = [nbformat.v4.new_code_cell(SETUP.replace("{out}", str(tmp_path / "exp"))
+                                          + STOP + WAIT)]
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for cell in nb.cells for o in cell.outputs]

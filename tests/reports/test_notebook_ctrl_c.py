@@ -12,6 +12,7 @@ import queue
 import time
 
 import pytest
+from kernel_cells import setup_cell
 
 from trl_rapidfire.storage.schedule import read_schedule_csv
 from trl_rapidfire.testing import tiny_model_path
@@ -19,22 +20,6 @@ from trl_rapidfire.testing import tiny_model_path
 pytest.importorskip("ipykernel")
 jupyter_client = pytest.importorskip("jupyter_client.manager")
 
-SETUP = """\
-import os, json
-os.environ["HF_HUB_OFFLINE"] = "1"
-import torch
-torch.set_num_threads(1)
-from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
-from trl_rapidfire.shared_state.runs import shown_status
-from trl_rapidfire.testing import (cpu_training_kwargs, make_sft_dataset, tiny_lora_config,
-                                   tiny_model_path)
-config = RFSFTConfig(output_dir={out!r}, learning_rate=List([1e-3, 3e-3, 1e-2]),
-                     num_chunks=8, per_device_train_batch_size=4, num_train_epochs=1,
-                     **cpu_training_kwargs())
-trainer = RFSFTTrainer(model=tiny_model_path(), args=config,
-                       train_dataset=make_sft_dataset(1000, seed=1),
-                       peft_config=tiny_lora_config(r=4))
-"""
 SHOWN = ("print(json.dumps([shown_status(r.status, training=trainer.training) "
          "for r in trainer.runs]))")
 
@@ -71,7 +56,9 @@ def test_a_kernel_interrupt_stops_at_a_boundary_says_one_line_and_train_continue
     out = tmp_path / "exp"
     manager, client = jupyter_client.start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
     try:
-        _, error = _run_cell(client, SETUP.format(out=str(out)))
+        setup = setup_cell(str(out), rows=1000, chunks=8) + (
+            "from trl_rapidfire.shared_state.runs import shown_status\n")
+        _, error = _run_cell(client, setup)
         assert error is None, error
         # Interrupted once a chunk is done (training has begun; many chunks remain).
         said, error = _run_cell(client, "trainer.train()",
