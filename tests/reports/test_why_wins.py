@@ -124,3 +124,16 @@ def test_parallel_axes_scales():
     # Values that span a decade but include 0 cannot be on a log scale.
     zero = parallel_axes([{"w": 0}, {"w": 100}, {"w": 1}])[0]
     assert zero["kind"] == "linear" and zero["positions"] == [0.0, 1.0, 0.01]
+
+
+def test_the_importance_does_not_depend_on_the_order_the_runs_come_in():
+    # The panel and the report list runs in their own orders (a sort, a refresh): the same
+    # runs must get the same importances, to the last digit.
+    pytest.importorskip("optuna")
+    pytest.importorskip("sklearn")
+    knobs, objective = _runs(count=40, seed=3)
+    first = knob_importance(knobs, objective)
+    order = list(range(len(knobs)))
+    random.Random(1).shuffle(order)
+    again = knob_importance([knobs[i] for i in order], [objective[i] for i in order])
+    assert again == first

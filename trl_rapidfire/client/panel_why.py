@@ -27,8 +27,9 @@ def why_answer(store: Any, query: RunsQuery) -> dict[str, Any]:
     from ..reports.why_wins import importance_method, knob_importance, parallel_axes
 
     reader = reader_for(store)
-    # In run order (run-0, run-1, ...), as the report reads them: fANOVA's forest depends on
-    # the order of its rows, so the same runs in the same order give the same importances.
+    # In run order (run-0, run-1, ...), as the report reads them: the parallel lines come in
+    # that order, and past MAX_RUNS the first runs are the ones shown. (The importances do not
+    # depend on the order: knob_importance puts the runs in its own.)
     rows = sorted(reader.rows(query.experiment, query.rfid), key=lambda r: run_order(r["name"]))
     note = ""
     if len(rows) > MAX_RUNS:

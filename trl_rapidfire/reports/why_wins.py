@@ -274,9 +274,14 @@ def _optuna_importance(columns: Mapping[str, Sequence[Any]], values: Sequence[fl
         study = optuna.create_study(direction="minimize" if mode == "min" else "maximize")
     finally:
         optuna.logging.set_verbosity(verbosity)
-    study.add_trials([optuna.trial.create_trial(
-        params={name: params[name][i] for name in columns}, distributions=distributions,
-        value=value) for i, value in enumerate(values)])
+    # The trials in one order whatever order the runs came in (by value, then by their
+    # params' text): fANOVA's forest draws its samples by position, so the same runs listed
+    # in another order (a refresh, a sort in the panel) would weigh the knobs differently.
+    trials = sorted(((value, {name: params[name][i] for name in columns})
+                     for i, value in enumerate(values)),
+                    key=lambda t: (t[0], repr([(n, _text(t[1][n])) for n in sorted(t[1])])))
+    study.add_trials([optuna.trial.create_trial(params=row, distributions=distributions,
+                                                value=value) for value, row in trials])
     if method == _FANOVA:
         evaluator: Any = optuna.importance.FanovaImportanceEvaluator(
             n_trees=_TREES, max_depth=_DEPTH, seed=_SEED)
