@@ -8,6 +8,9 @@ MLflow run whoever registers it and however often. A process killed before its b
 leaves some runs missing or without some params: the re-run registers every run again and
 finds, creates or completes each.
 
+A new run waiting for its first chunk is then made SCHEDULED (MLflow makes every run RUNNING):
+one ``update_run`` more, so MLflow's own status column tells waiting runs from training ones.
+
 Measured on a sqlite store (200 params a run): ``create_run`` ~3 ms, two ``log_batch`` of 100
 params ~12 ms, a search by one run's name ~2 ms, a search reading every run of the experiment
 ~3 ms a run (195 ms at 64). So a batch reads the whole experiment only when it holds about as
