@@ -105,11 +105,10 @@ def test_after_a_ctrl_c_every_view_says_interrupted_and_a_rerun_sets_them_right(
     children, parent = _tags(store)
     assert parent == "KILLED"  # not "training" until a heartbeat ages
     assert {n for n, s in children.items() if s == INTERRUPTED} == set(in_rotation)
-    # MLflow's own status says the same: no run of a stopped experiment shows as running (a
-    # run that never trained would wait, SCHEDULED: tests/tracking/test_mlflow_status.py).
+    # MLflow's own status says the same: no run in the rotation of a stopped experiment shows
+    # as running (tests/tracking/test_mlflow_status.py has each transition).
     native = _mlflow_statuses(store)
     assert {n for n, s in native.items() if s == "KILLED"} == set(in_rotation), native
-    assert all(s == "SCHEDULED" for n, s in native.items() if n not in in_rotation), native
     lines = _status_lines(capsys, out)
     assert "killed" in lines[0], lines
     for name in in_rotation:

@@ -113,8 +113,7 @@ def test_construction_and_registration_return_before_mlflow_and_flush_makes_ever
             assert run.data.tags["rapidfire.progress"] == f"{name} chunk 1/4"
         else:
             assert history == []
-        # Pending runs wait (SCHEDULED), MLflow's status following the tag.
-        assert run.info.status == ("FINISHED" if name == "run-38" else "SCHEDULED")
+        assert run.info.status == ("FINISHED" if name == "run-38" else "RUNNING")
         assert run.data.tags[STATUS_TAG] == "pending"
     assert not tracker.errors
 

@@ -8,9 +8,6 @@ MLflow run whoever registers it and however often. A process killed before its b
 leaves some runs missing or without some params: the re-run registers every run again and
 finds, creates or completes each.
 
-A new run waiting for its first chunk is then made SCHEDULED (MLflow makes every run RUNNING):
-one ``update_run`` more, so MLflow's own status column tells waiting runs from training ones.
-
 Measured on a sqlite store (200 params a run): ``create_run`` ~3 ms, two ``log_batch`` of 100
 params ~12 ms, a search by one run's name ~2 ms, a search reading every run of the experiment
 ~3 ms a run (195 ms at 64). So a batch reads the whole experiment only when it holds about as
@@ -30,7 +27,7 @@ from typing import Any
 
 from .background import BackgroundThread
 from .link import Connection, Link, run_filter
-from .tags import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG, STATUS_TAG, mlflow_status_of
+from .tags import EXPERIMENT_TAG, ROLE_TAG, RUN_TAG, STATUS_TAG
 
 __all__ = ["BATCH", "Registrar", "Registration", "RegistrationError", "RunHandle",
            "register_batch"]
@@ -127,10 +124,7 @@ def _made(conn: Connection, reg: Registration, run: Any | None
                                    run_name=reg.name).info.run_id
         have_params: Mapping[str, str] = {}
         metric_keys: list[str] = []
-        # MLflow makes every run RUNNING; one that waits for its first chunk is SCHEDULED.
-        status = mlflow_status_of(tags[STATUS_TAG]) or "RUNNING"
-        if status != "RUNNING":
-            client.update_run(run_id, status=status)
+        status = "RUNNING"  # as MLflow makes every run (a pending one too: see tags.py)
     else:
         run_id, have_params = run.info.run_id, run.data.params
         metric_keys = list(run.data.metrics)
