@@ -120,20 +120,24 @@ def test_the_same_decisions_as_a_fresh_replay_at_every_boundary(kind, seed):
     experiment = Experiment(rng, runs=rng.choice([8, 14]), at_a_time=rng.choice([2, 3, 5]),
                             chunk=chunk, total=rng.choice([6, 8]), people=seed % 2 == 0)
     ours = OptunaPruner(make(), direction=direction)
-    asked = pruned = 0
+    asked = pruned = ended = 0
     for name, skip in experiment.steps():
         if skip:
             continue
         context = experiment.context
         mine = ours.on_chunk_end(name, context)
-        fresh = OptunaPruner(make(), direction=direction).on_chunk_end(
-            name, Context(dict(context.runs)))
+        # A fresh pruner is what a re-run (or a replay) asks: its verdict on a run's last
+        # value too must be the live one's.
+        reference = OptunaPruner(make(), direction=direction)
+        fresh = reference.on_chunk_end(name, Context(dict(context.runs)))
         assert mine == fresh, (name, context.runs[name])
+        assert ours.pruned_at_end(name) == reference.pruned_at_end(name), name
+        ended += reference.pruned_at_end(name) is not None
         asked += 1
         if mine and mine[0].action == "stop":
             pruned += 1
             experiment.stop(name)
-    assert asked > 10
+    assert asked > 10 and ended > 0
     if kind != "median":
         assert pruned > 0  # the comparison is between decisions, not only empty answers
     # Incremental: one replay to start, and one for each person's op that changed the past
