@@ -152,21 +152,29 @@ def _post_before_registration(run: str, op: str, output_dir: str | os.PathLike
     no such run."""
     from ..storage.layout import Layout
 
+    if _checked_in_folder(run, op, output_dir) is not None:
+        return None
+    return Inbox(Layout(output_dir)).post(run, op)
+
+
+def _checked_in_folder(run: str, op: str, output_dir: str | os.PathLike) -> list[str] | None:
+    """``op`` checked against ``run``'s status in the shared state of ``output_dir``
+    (``LookupError`` when the status rules it out); ``None`` when the run is there, else
+    the names of the runs that are."""
     runs = {r.name: r for r in folder_runs(output_dir)}
     if run not in runs:
-        return None
+        return sorted(runs)
     check_op(run, op, runs[run].status)
-    return Inbox(Layout(output_dir)).post(run, op)
+    return None
 
 
 def _deliver_to_folder(run: str, op: str, output_dir: str | os.PathLike, next_run: bool
                        ) -> Delivery:
     from ..storage.layout import Layout
 
-    runs = {r.name: r for r in folder_runs(output_dir)}
-    if run not in runs:
-        raise LookupError(f"no run named {run!r} in {output_dir}; runs: {sorted(runs)}")
-    check_op(run, op, runs[run].status)
+    others = _checked_in_folder(run, op, output_dir)
+    if others is not None:
+        raise LookupError(f"no run named {run!r} in {output_dir}; runs: {others}")
     layout = Layout(output_dir)
     training = alive(layout) is not None
     if not training and not next_run:

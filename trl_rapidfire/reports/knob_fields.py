@@ -163,17 +163,12 @@ def expand_knobs(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def dotted_params(knobs: Mapping[str, Any], described: Mapping[str, str]) -> dict[str, Any]:
+def dotted_params(described: Mapping[str, str]) -> dict[str, Any]:
     """MLflow params of the fields of each knob whose value is a config object
     (``peft_config.r``, ``peft_config.lora_alpha``), so that MLflow's runs table can show the
     field that tells runs apart as a column of its own. ``described``: each knob's logged text
     (:func:`..config.knobs.describe_value`); the fields are the ones it shows (a LoRA config's
     rank, alpha, targets and whatever else is not its default), not every field of the class.
-    A knob that is no object gives none."""
-    params: dict[str, Any] = {}
-    for key in knobs:
-        text = described.get(key)
-        fields = config_fields(text) if isinstance(text, str) else None
-        for name, value in (fields or {}).items():
-            params[f"{key}.{name}"] = value
-    return params
+    A knob whose text reads as no object gives none."""
+    return {f"{key}.{name}": value for key, text in described.items()
+            for name, value in (config_fields(text) or {}).items()}

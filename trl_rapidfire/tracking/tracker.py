@@ -322,7 +322,7 @@ class Tracker:
     @staticmethod
     def _set_status(conn: Connection, handle: RunHandle, status: str | None) -> None:
         """Give the run MLflow's ``status`` when it holds another: an ending one with its end
-        time; ``RUNNING`` again (a resumed or re-run run) or ``SCHEDULED`` as it is."""
+        time, ``RUNNING`` again (a resumed or re-run run) as it is."""
         if status is None or status == handle.mlflow_status:
             return
         if status in _ENDED:

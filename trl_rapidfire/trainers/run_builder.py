@@ -285,7 +285,7 @@ class RunBuilder:
             # A LoRA config's rank or alpha as a param of its own: MLflow's runs table then
             # shows the field that differs as its own column (client/dashboard.py's view).
             described = {k: tracked[k] for k in spec.knobs if isinstance(tracked.get(k), str)}
-            tracked.update({k: v for k, v in dotted_params(spec.knobs, described).items()
+            tracked.update({k: v for k, v in dotted_params(described).items()
                             if k not in tracked})
         return dict(
             name=spec.name, index=spec.index, knobs=spec.knobs,
