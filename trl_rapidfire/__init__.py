@@ -1,17 +1,21 @@
 """trl-rapidfire: hyperparallel TRL fine-tuning.
 
-Compare many training configurations at once on the same GPU(s): turn knobs of an
-``RFSFTConfig`` / ``RFDPOConfig`` / ``RFGRPOConfig`` into ``List([...])`` or ``Range(lo, hi)``
-and the search expands them into runs.
+Compare many training configurations at once on the same GPU(s): turn knobs of an RF config
+(``RFSFTConfig``, ``RFDPOConfig``, ``RFGRPOConfig``, ``RFKTOConfig``, ``RFRewardConfig``,
+``RFRLOOConfig``, ``RFDistillationConfig``) into ``List([...])`` or ``Range(lo, hi)`` and the
+search expands them into runs.
 """
 
 __version__ = "0.1.0"
 
+TRAINER_KINDS = ("SFT", "DPO", "GRPO", "KTO", "Reward", "RLOO", "Distillation")
+"""TRL's trainers that have an RF pair: ``RF<kind>Config`` and ``RF<kind>Trainer``."""
+
 # Everything loads on first use: the configs import TRL's stack (seconds), which the CLI's
 # control commands (`trl-rapidfire stop run-1`) never need.
 _LAZY = {
-    "RFSFTConfig": "config.configs", "RFDPOConfig": "config.configs",
-    "RFGRPOConfig": "config.configs", "RFConfigError": "config.configs",
+    **{f"RF{kind}Config": "config.configs" for kind in TRAINER_KINDS},
+    "RFConfigError": "config.configs",
     "KnobError": "config.knobs", "List": "config.knobs", "Range": "config.knobs",
     "Budget": "control.policies", "PopulationBased": "control.policies",
     "SuccessiveHalving": "control.policies", "Hyperband": "control.policies",
@@ -19,8 +23,7 @@ _LAZY = {
     "RunSpec": "search.searches", "SearchError": "search.searches",
     "ExperimentFault": "storage.faults",
     "OptunaSearch": "integrations.optuna.search", "OptunaPruner": "integrations.optuna.pruner",
-    "RFSFTTrainer": "trainers.sft", "RFDPOTrainer": "trainers.dpo",
-    "RFGRPOTrainer": "trainers.grpo",
+    **{f"RF{kind}Trainer": f"trainers.{kind.lower()}" for kind in TRAINER_KINDS},
     "RunResult": "reports.results", "ChunkRecord": "storage.schedule",
 }  # fmt: skip
 
@@ -46,6 +49,14 @@ __all__ = [
     "RFSFTTrainer",
     "RFDPOTrainer",
     "RFGRPOTrainer",
+    "RFKTOConfig",
+    "RFKTOTrainer",
+    "RFRewardConfig",
+    "RFRewardTrainer",
+    "RFRLOOConfig",
+    "RFRLOOTrainer",
+    "RFDistillationConfig",
+    "RFDistillationTrainer",
     "RunResult",
     "ChunkRecord",
     "List",
@@ -63,5 +74,6 @@ __all__ = [
     "RFConfigError",
     "SearchError",
     "ExperimentFault",
+    "TRAINER_KINDS",
     "__version__",
 ]

@@ -40,6 +40,22 @@ def test_expand_with_a_flag_override(capsys):
     assert "2 run(s)" in out and "learning_rate" not in out.split("\n", 1)[1]
 
 
+@pytest.mark.parametrize(("trainer", "field", "values"), [
+    ("kto", "desirable_weight", [1.0, 1.33]), ("reward", "center_rewards_coefficient", [0.0, 0.01]),
+    ("rloo", "normalize_advantages", [False, True]),
+    ("distillation", "teacher_model_revision", ["main", "v2"]),
+])
+def test_expand_reads_every_kinds_config(tmp_path, capsys, trainer, field, values):
+    # Each kind's own field parses as a knob only through its own config class.
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "o"), "bf16": False,
+                                    field: {"List": values}}))
+    assert main(["expand", str(path), "--trainer", trainer]) == 0
+    out = capsys.readouterr().out
+    assert "2 run(s)" in out and f"{field}={values[1]!r}" in out
+    assert main(["expand", str(path), "--trainer", "grpo"]) == 2  # not a GRPO field
+
+
 def test_expand_random_search_with_a_range(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({

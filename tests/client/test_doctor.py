@@ -398,3 +398,20 @@ def test_control_characters_from_the_yaml_or_the_uri_are_escaped_on_the_screen(t
     assert "javascript:\\x1b]0;pwned\\x07\\nalert(1) (MLFLOW_TRACKING_URI)" in screen
     assert len(screen.splitlines()) == 11  # title, blank, 2 sections of 4: none added by text
     assert doctor.printable("a" * 500, limit=10) == "aaaaaaaaaa... (500 characters, cut)"
+
+
+def test_trainers_lists_the_rf_pairs_and_flags_a_trl_trainer_without_one(tmp_path):
+    # The installed TRL: every trainer it exports has its RF pair.
+    found = doctor.check_trainers()
+    assert [f.label for f in found] == ["RF pairs"] and not any(f.problem for f in found)
+    assert "RFKTOTrainer" in found[0].value and "RFDistillationTrainer" in found[0].value
+    # A later TRL with a trainer this package does not wrap: named, with what to do.
+    init = tmp_path / "__init__.py"
+    init.write_text('_import_structure = {\n    "trainer": [\n        "DPOConfig",\n'
+                    '        "DPOTrainer",\n        "XPOTrainer",\n        "SFTTrainer",\n    ],\n'
+                    '    "models": ["PreTrainedModelWrapper"],\n}\n')
+    pairs, missing = doctor.check_trainers(init)
+    assert pairs.value == "RFSFTTrainer RFDPOTrainer"
+    assert missing.value == "XPOTrainer" and missing.problem and "plain TRL" in missing.fix
+    init.write_text("x" * 10)  # no table found: every pair is listed, nothing is flagged
+    assert [f.label for f in doctor.check_trainers(init)] == ["RF pairs"]

@@ -11,7 +11,8 @@ from peft import get_peft_model_state_dict
 
 from trl_rapidfire.runtime.models import ModelPool, adapter_name, adapter_params
 from trl_rapidfire.testing import build_model, build_tokenizer, tiny_lora_config
-from trl_rapidfire.trainers.run_trainer import RunTrainerMixin, _params_behind
+from trl_rapidfire.trainers.boundary_checkpoints import _params_behind
+from trl_rapidfire.trainers.run_trainer import RunTrainerMixin
 
 LORAS = [tiny_lora_config(r=4), tiny_lora_config(r=8, target_modules=("q_proj", "k_proj")),
          tiny_lora_config(r=2, modules_to_save=["lm_head"]),

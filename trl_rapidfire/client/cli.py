@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 
 from .. import __version__
+from .status import OP_CHARS
 
 # A CLI call meets a tracking server that is down or hung with one clear line within seconds,
 # not MLflow's default of retrying with backoff for minutes; and MLflow's INFO lines (schema
@@ -37,7 +38,6 @@ _STORE_COMMANDS = frozenset({"status", "stop", "resume", "delete", "clone"})
 _CLIENT_COMMANDS = _STORE_COMMANDS | {"report"}
 # An op's text (an error can be hundreds of characters) as a status table shows it, so that
 # every line of the table stays readable; --full shows it whole, ops.csv and the tags hold it.
-_OP_CHARS = 60
 
 
 def _cmd_version(_: argparse.Namespace) -> int:
@@ -162,103 +162,11 @@ def _untracked(args: argparse.Namespace) -> bool:
     return is_untracked(args.output_dir)
 
 
-def _op_text(text: str, full: bool) -> str:
-    from ..reports.display import clip
-
-    return text if full else clip(text, _OP_CHARS, keep="head")
-
-
-def _status_of_folder(output_dir: str, full: bool = False) -> int:
-    from ..control.folder_control import Inbox, alive, folder_runs
-    from ..reports.display import table
-    from ..reports.experiment_data import read_ops, read_search_log
-    from ..shared_state.runs import shown_status
-    from ..storage.layout import Layout
-    from .experiments import knob_columns
-
-    layout = Layout(output_dir)
-    last = {event.run: event.result for event in read_ops(layout.ops_log)}
-    trials = {e.run: e.trial for e in read_search_log(layout.search_log) if e.trial}
-    runs = folder_runs(output_dir)
-    knobs = knob_columns([r.knobs for r in runs], full=full)
-    who = alive(layout)
-    rows = [[r.name, shown_status(r.status, training=who is not None), r.global_step,
-             r.chunks_done, *cells, _op_text(last.get(r.name, ""), full)]
-            for r, cells in zip(runs, knobs.cells)]
-    headers = ["run", "status", "steps", "chunks", *knobs.names, "last op"]
-    if trials:  # an adaptive search: which trial of its study each run is
-        headers.insert(1, "trial")
-        for r, row in zip(runs, rows):
-            row.insert(1, trials.get(r.name, "-"))
-    state = "training" if who is not None else "not training"
-    where = f" (pid {who.pid} on {who.host})" if who is not None else ""
-    waiting = Inbox(layout).waiting() if who else 0
-    print(f"experiment in {output_dir} (not tracked in MLflow, {state}{where})")
-    print(table(headers, rows))
-    _print_hidden(knobs.hidden)
-    _print_front(output_dir)
-    if waiting:
-        print(f"{waiting} op(s) waiting for the next chunk boundary")
-    return 0
-
-
-def _print_hidden(hidden: int) -> None:
-    if hidden:
-        print(f"{hidden} more knob(s) differ between the runs (--full shows every knob)")
-
-
-def _print_front(output_dir: str | None) -> None:
-    """A multi-objective search's Pareto front, from the experiment's ``search.csv``."""
-    if output_dir is None:
-        return
-    from ..reports.experiment_data import read_search_log
-    from ..reports.report import pareto_front
-    from ..storage.layout import Layout
-
-    front = pareto_front(read_search_log(Layout(output_dir).search_log))
-    if front is not None:
-        print(f"Pareto front: {' '.join(front) or '-'} (no run better in every objective)")
-
-
 def _cmd_status(args: argparse.Namespace) -> int:
-    if _untracked(args):
-        return _status_of_folder(args.output_dir, args.full)
-    from ..reports.display import table
-    from ..reports.report import format_value
-    from ..shared_state.runs import shown_status
-    from .experiments import knob_columns, tracked_knobs
-    from .send import experiment_runs, find_experiment
+    from .status import show_status
 
-    exp = find_experiment(**_where(args))
-    rows = []
-    runs = experiment_runs(exp)
-    # The knobs are among each run's params (its whole config): those that differ.
-    knobs = knob_columns(*tracked_knobs([run.params for run in runs],
-                                        [run.tags for run in runs]), full=args.full)
-    # An adaptive search's runs: which trial each is, and when the sampler proposed it.
-    proposed = any("rapidfire.trial" in run.tags for run in runs)
-    for run, cells in zip(runs, knobs.cells):
-        tags, metrics = run.tags, run.metrics
-        # A run in the rotation of an experiment not training (Ctrl-C, a kill): interrupted.
-        rows.append([tags.get("rapidfire.run"),
-                     shown_status(tags.get("rapidfire.status"), training=exp.training),
-                     tags.get("rapidfire.progress", "-"), format_value(metrics.get("loss")),
-                     format_value(metrics.get("eval_loss")), *cells,
-                     _op_text(tags.get("rapidfire.op", ""), args.full),
-                     _op_text(tags.get("rapidfire.op.result", ""), args.full)])
-        if proposed:
-            when = tags.get("rapidfire.proposed_at", "")
-            rows[-1][2:2] = [tags.get("rapidfire.trial", "-"),
-                             when.replace("T", " ")[:19] if when else "-"]
-    print(f"experiment {exp.describe()} in {exp.uri}")
-    headers = ["run", "status", "progress", "loss", "eval_loss", *knobs.names, "pending op",
-               "last op"]
-    if proposed:
-        headers[2:2] = ["trial", "proposed"]
-    print(table(headers, rows))
-    _print_hidden(knobs.hidden)
-    _print_front(args.output_dir)
-    return 0
+    return show_status(args.output_dir, full=args.full, untracked=_untracked(args),
+                       where=_where(args))
 
 
 def _cmd_op(args: argparse.Namespace) -> int:
@@ -371,7 +279,7 @@ def build_parser(extra: Sequence[CommandRegistrar] = ()) -> argparse.ArgumentPar
                    help="the experiment's output_dir (the same as --output-dir)")
     _add_where(p)
     p.add_argument("--full", action="store_true",
-                   help=f"op texts whole (by default cut to {_OP_CHARS} characters) and every "
+                   help=f"op texts whole (by default cut to {OP_CHARS} characters) and every "
                    "knob that differs between the runs, values whole")
     p.set_defaults(func=_cmd_status)
     for verb, text in (("stop", "stop RUN (state kept, resumable)"),

@@ -11,12 +11,12 @@ import http.client
 import importlib.metadata as md
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
 import sys
 import textwrap
-import unicodedata
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,17 +24,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .doctor_text import (
+    _count,
+    _kind,
+    _read_head,
+    _yaml_depth,
+    printable,
+)
+
 STACK = ("torch", "trl", "transformers", "peft", "datasets", "accelerate", "mlflow", "filelock")
 PROBE_TIMEOUT, HTTP_TIMEOUT = 60.0, 3.0
 MAX_CONFIG_BYTES = 64 * 1024  # accelerate's own configs are a few hundred bytes
-# accelerate's configs nest two levels (fsdp_config: {...}); PyYAML's composer recurses per
-# level, so a few KiB of `[[[[` would end in RecursionError: deeper is refused before it builds.
-MAX_CONFIG_DEPTH = 16
 # No machine carries more accelerators than this, and each worker needs a core of its own: a
 # count above it is a typo (or 10**26), not a plan. Machines: more than the largest clusters.
 MAX_WORKERS_PER_MACHINE, MAX_MACHINES = 256, 100_000
 MAX_URI_CHARS = 4096  # browsers and servers refuse longer URLs; MLflow's stores are far shorter
-MAX_SHOWN_CHARS = 400  # one value on the screen: outside text beyond it is cut, not printed
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every sqlite database
 # The schemes MLflow 3 opens a tracking store for (mlflow/tracking/_tracking_service/utils.py,
 # _register_tracking_stores), plugins' schemes aside (entry points, looked up when needed).
@@ -77,61 +81,6 @@ class Devices:
 
 def _flag(section: str, label: str, value: str, bad: Any, problem: str, fix: str) -> Finding:
     return Finding(section, label, value, problem if bad else None, fix if bad else None)
-
-
-def printable(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
-    """``text`` safe for a terminal: control and format characters (ESC, NUL, newlines, bidi
-    overrides) escaped as ``\\x1b``, and cut after ``limit`` characters; the YAML and the URI
-    shown here are anyone's text, and a raw ESC can rewrite the screen."""
-    shown = "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch)[0]
-                    in "CZ" and ch != " " else ch for ch in text[:limit])
-    return f"{shown}... ({len(text):,} characters, cut)" if len(text) > limit else shown
-
-
-def _kind(mode: int) -> str:
-    """What a path that is not a regular file is, in words."""
-    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISREG, "a file")):
-        if test(mode):
-            return what
-    return "not a regular file"
-
-
-def _read_head(path: Path, limit: int) -> bytes:
-    """Up to ``limit`` + 1 bytes of the regular file ``path``. Opened non-blocking and checked
-    after opening, so a FIFO put there (even after a stat) raises instead of blocking."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
-            raise ValueError(f"{_kind(mode)}, not a file")
-        with os.fdopen(os.dup(fd), "rb") as file:
-            return file.read(limit + 1)
-    finally:
-        os.close(fd)
-
-
-def _yaml_depth(text: str) -> None:
-    """ValueError if the YAML ``text`` nests deeper than MAX_CONFIG_DEPTH, found from its
-    parse events (the parser does not recurse, the composer building the values does)."""
-    import yaml
-
-    depth = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_CONFIG_DEPTH:
-                mark = event.start_mark
-                raise ValueError(f"nests over {MAX_CONFIG_DEPTH} levels deep (line "
-                                 f"{mark.line + 1}, column {mark.column + 1}): not read")
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
-
-
-def _count(value: Any) -> str:
-    """A count from the YAML as shown: a number, else only its kind (never a nested value)."""
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else (
-        "-" if value is None else f"a YAML {type(value).__name__}")
 
 
 def tested_versions(checkout: Path | None = None) -> dict[str, str]:
@@ -185,6 +134,39 @@ def check_stack(tested: dict[str, str] | None = None) -> list[Finding]:
         found.append(_flag("stack", dist, f"{have} (tested {spec})" if spec else have, bad,
                            bad or "", f"use a Python {spec} virtual environment"
                            if dist == "python" else f"pip install '{dist}{spec or ''}'"))
+    return found
+
+
+def trl_trainers(init_text: str) -> list[str]:
+    """The trainer kinds TRL exports (``KTO`` for ``KTOTrainer``), read from the text of its
+    ``__init__.py``'s lazy import table (``"trainer": [...]``): importing TRL takes seconds and
+    the doctor must answer when it is broken."""
+    table = re.search(r'"trainer":\s*\[(.*?)\]', init_text, re.S)
+    names = re.findall(r'"(\w+)Trainer"', table.group(1)) if table else []
+    return sorted(set(names))
+
+
+def check_trainers(init: Path | None = None) -> list[Finding]:
+    """Each trainer TRL exports against the RF pairs this package has."""
+    from .. import TRAINER_KINDS
+
+    if init is None:
+        try:
+            init = Path(str(md.distribution("trl").locate_file("trl/__init__.py")))
+        except md.PackageNotFoundError:
+            return []  # check_stack says TRL is missing
+    try:
+        exported = trl_trainers(_read_head(init, 1 << 20).decode("utf-8", "replace"))
+    except (OSError, ValueError) as err:
+        return [Finding("trainers", "TRL's trainers", f"unreadable ({err})")]
+    ours = [k for k in TRAINER_KINDS if k in exported] if exported else list(TRAINER_KINDS)
+    found = [Finding("trainers", "RF pairs", " ".join(f"RF{k}Trainer" for k in ours))]
+    missing = [k for k in exported if k not in TRAINER_KINDS]
+    if missing:
+        found.append(Finding(
+            "trainers", "without RF pair", " ".join(f"{k}Trainer" for k in missing),
+            "this TRL exports trainers trl-rapidfire does not wrap yet",
+            "train those with plain TRL, or use the tested trl version (see stack)"))
     return found
 
 
@@ -463,7 +445,7 @@ def main(args: Any = None) -> int:
     """Print the screen for ``args.output_dir`` (default: here); 0 if no problem, else 1."""
     from ..tracking.tags import resolve_tracking_uri
 
-    findings = [*check_stack(), *check_devices(devices := probe_devices()),
+    findings = [*check_stack(), *check_trainers(), *check_devices(devices := probe_devices()),
                 *check_accelerate(accelerate_config_path(), devices),
                 *check_disk(Path(getattr(args, "output_dir", None) or ".")),
                 *check_tracking(resolve_tracking_uri())]

@@ -148,9 +148,10 @@ def _check_text_column(label: str, dataset: Any, column: str) -> None:
             f"first at row {first}; SFT needs text in every row. {fix}")
 
 
-def check_dpo_dataset(dataset: Any, *, label: str = "train_dataset") -> None:
+def check_dpo_dataset(dataset: Any, *, label: str = "train_dataset", kind: str = "DPO") -> None:
     """Raise :class:`PreflightError` unless ``dataset`` has rows and ``chosen`` and
-    ``rejected`` columns (``prompt`` is optional: TRL extracts an implicit one)."""
+    ``rejected`` columns (``prompt`` is optional: TRL extracts an implicit one); ``kind``: the
+    trainer that reads them (DPO, Reward)."""
     for name, ds in _each_dataset(label, dataset):
         row = _first_row(name, ds)
         columns = _columns(ds, row)
@@ -158,14 +159,15 @@ def check_dpo_dataset(dataset: Any, *, label: str = "train_dataset") -> None:
         if missing and not {"image", "images"} & set(columns):
             raise PreflightError(
                 f"{name} has no {' or '.join(repr(c) for c in missing)} column; its columns are "
-                f"{columns}. DPO reads preference pairs: 'prompt', 'chosen', 'rejected' (or "
+                f"{columns}. {kind} reads preference pairs: 'prompt', 'chosen', 'rejected' (or "
                 "'chosen' and 'rejected' with the prompt inside them). Rename the columns, e.g. "
                 "dataset.rename_column('preferred', 'chosen')."
             )
 
 
-def check_grpo_dataset(dataset: Any, *, label: str = "train_dataset") -> None:
-    """Raise :class:`PreflightError` unless ``dataset`` has rows and a ``prompt`` column."""
+def check_grpo_dataset(dataset: Any, *, label: str = "train_dataset", kind: str = "GRPO") -> None:
+    """Raise :class:`PreflightError` unless ``dataset`` has rows and a ``prompt`` column;
+    ``kind``: the trainer that generates from them (GRPO, RLOO, Distillation)."""
     for name, ds in _each_dataset(label, dataset):
         row = _first_row(name, ds)
         columns = _columns(ds, row)
@@ -173,7 +175,23 @@ def check_grpo_dataset(dataset: Any, *, label: str = "train_dataset") -> None:
             guess = _column_guess(row, columns, ("question", "query", "instruction", "input"),
                                   messages=True) or "question"
             raise PreflightError(
-                f"{name} has no 'prompt' column; its columns are {columns}. GRPO generates "
+                f"{name} has no 'prompt' column; its columns are {columns}. {kind} generates "
                 "completions for each row's 'prompt' (a string or a list of chat messages). "
                 f"Rename the column: dataset.rename_column({guess!r}, 'prompt')."
+            )
+
+
+def check_kto_dataset(dataset: Any, *, label: str = "train_dataset") -> None:
+    """Raise :class:`PreflightError` unless ``dataset`` has rows and ``completion`` and
+    ``label`` columns (``prompt`` is optional: TRL extracts an implicit one)."""
+    for name, ds in _each_dataset(label, dataset):
+        row = _first_row(name, ds)
+        columns = _columns(ds, row)
+        missing = [c for c in ("completion", "label") if c not in columns]
+        if missing and not {"image", "images"} & set(columns):
+            raise PreflightError(
+                f"{name} has no {' or '.join(repr(c) for c in missing)} column; its columns are "
+                f"{columns}. KTO reads unpaired feedback: 'prompt', 'completion' and 'label' "
+                "(True: desirable). A preference-pair dataset (chosen/rejected) is DPO's or "
+                "Reward's; rename the columns if they only differ in name."
             )

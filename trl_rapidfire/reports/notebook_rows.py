@@ -20,6 +20,7 @@ from typing import Any
 
 from ..shared_state.runs import RunStatus, shown_status
 from .display import clip, differing_keys
+from .kind_metrics import kind_columns
 from .knob_fields import expand_knobs
 from .notebook_form import widgets
 from .report import format_value
@@ -109,12 +110,14 @@ class RunsTable:
         w = widgets()
         self._runs, self._training = list(runs), training
         knobs, expanded = table_columns(runs)
-        headers = [*_FIXED, *knobs, _LAST]
+        kind = kind_columns(run.metrics for run in runs)  # a reward model's accuracy, ...
+        headers = [*_FIXED, *kind, *knobs, _LAST]
         texts: dict[str, list[tuple[str, str]]] = {}
         for run, values in zip(runs, expanded):
             whole = [run.name, shown_status(run.status, training=training),
                      str(run.global_step), format_value(run.metrics.get("loss")),
                      format_value(run.metrics.get("eval_loss")),
+                     *(format_value(run.metrics.get(k)) for k in kind.values()),
                      *(format_value(values.get(k)) for k in knobs), run.last_op or ""]
             texts[run.name] = [(clip(t, KNOB_CHARS, keep="head" if i == len(whole) - 1
                                      else "ends"), t) for i, t in enumerate(whole)]

@@ -12,6 +12,7 @@ from ..config.knobs import describe_value
 from ..storage.outside_text import loads
 from ..storage.schedule import ChunkRecord
 from .display import ELLIPSIS, clip, table
+from .kind_metrics import kind_columns
 from .results import RunResult
 
 __all__ = ["chunk_timeline", "format_value", "knob_cells", "pareto_front", "results_table",
@@ -58,13 +59,17 @@ def results_table(
     width: int | None = None,
 ) -> str:
     """One row per run: name (``*`` marks ``best``), status, steps, the latest value of each
-    metric in ``columns`` (header -> logged key), the knobs and, if any run has one, the
+    metric in ``columns`` (header -> logged key) and of the trainer kind's own metric
+    (:mod:`.kind_metrics`), the knobs and, if any run has one, the
     result of the last op on it (who stopped it, and why).
 
     With ``width``, lines are kept within that many characters by abbreviating what must be
     (see :func:`knob_cells`): knob names (``lr=``), then knob values (cut where the runs'
     values agree, marked ``…``); the last op is cut at its end, the other columns never."""
     columns = dict(columns or DEFAULT_COLUMNS)
+    # The kind's own metric (a reward model's accuracy, a policy's reward), when logged.
+    columns.update({h: k for h, k in kind_columns(r.metrics for r in runs).items()
+                    if k not in columns.values()})
     ops = any(run.last_op for run in runs)
     headers = ["run", "status", "steps", *columns, "knobs", *(["last op"] if ops else [])]
     fixed = [[run.name + ("*" if run.name == best else ""), run.status.value, run.global_step,

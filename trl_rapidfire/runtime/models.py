@@ -18,6 +18,11 @@ group computes, the least recently used other groups are offloaded to host memor
 group fits (:meth:`ModelPool.make_room`), and reloaded when their turn comes. Tensors move
 inside the existing parameter objects, so optimizers and the state cache stay valid.
 
+A reward model's base (a sequence-classification model) gets a new, random score head when it
+loads, drawn from the seed set just before: its group is loaded per seed, and each of its runs'
+adapters starts from the random streams as that load left them, as a plain ``RewardTrainer``'s
+does (:attr:`ModelGroup.streams_after_load`).
+
 Adapter names are ``rf<index>``: PEFT and the Trainer look at parameter *names* (weight decay
 skips names containing ``bias`` or ``norm``), so a user's run name never becomes part of one.
 """
@@ -40,8 +45,10 @@ from .foreign_internals import (
     set_layer_active_adapter,
     wrapper_adapters,
 )
+from .switch import RngState
 
 __all__ = [
+    "BaseModelLoad",
     "ModelGroup",
     "ModelPool",
     "adapter_name",
@@ -111,6 +118,22 @@ def choose_offloads(
     return out
 
 
+@dataclass(frozen=True)
+class BaseModelLoad:
+    """How a trainer kind loads its base model from a path, as its TRL trainer does.
+
+    Attributes:
+        architecture: the auto class (``None``: what TRL loads by default, a causal LM).
+        seeded: loading draws weights from the random streams (a new classification head),
+            so it is made right after ``set_seed(<the run's seed>)``, once per seed.
+        init_kwargs: load arguments the trainer adds (a reward model's ``num_labels=1``).
+    """
+
+    architecture: Any = None
+    seeded: bool = False
+    init_kwargs: tuple[tuple[str, Any], ...] = ()
+
+
 def _kwargs_key(kwargs: dict[str, Any]) -> str:
     return json.dumps(kwargs, sort_keys=True, default=repr)
 
@@ -151,6 +174,9 @@ class ModelGroup:
     _trainable: dict[str, list[torch.nn.Parameter]] = field(default_factory=dict, repr=False)
     _active: str | None = field(default=None, repr=False)
     _containers: list[tuple[Any, list[Any]]] | None = field(default=None, repr=False)
+    # A seeded load (its weights drew from the seed: a new classification head): the random
+    # streams right after it, where a plain trainer's adapter starts drawing (see add_adapter).
+    streams_after_load: RngState | None = field(default=None, repr=False)
 
     def activate(self, name: str) -> None:
         """Make adapter ``name`` the active (and only trainable) one.
@@ -309,12 +335,16 @@ class ModelGroup:
 
     def add_adapter(self, name: str, peft_config: Any, seed: int) -> list[torch.nn.Parameter]:
         """Add run adapter ``name`` initialised exactly as ``SFTTrainer`` would initialise it
-        (``set_seed(seed)`` right before PEFT creates it). Returns its parameters."""
+        (``set_seed(seed)`` right before PEFT creates it; after a seeded load, the streams as
+        that load left them, the group's runs all having its seed). Returns its parameters."""
         from peft import PeftModel, get_peft_model
 
         config = copy.deepcopy(peft_config)
         self._forget_layers()  # new target modules may appear, PEFT marks what it trains
-        set_seed(seed)
+        if self.streams_after_load is not None:
+            self.streams_after_load.restore()
+        else:
+            set_seed(seed)
         if isinstance(self.model, PeftModel):
             self.model.add_adapter(name, config)
         else:
@@ -378,13 +408,23 @@ class ModelPool:
         peft_config: Any,
         model_init_kwargs: dict[str, Any] | None,
         trust_remote_code: bool = False,
+        architecture: Any = None,
+        seed: int | None = None,
     ) -> ModelGroup:
         """The group for runs of ``model`` (a path/name or a model object) trained with
-        ``peft_config`` (``None``: full fine-tuning), loading the model if it is new."""
+        ``peft_config`` (``None``: full fine-tuning), loading the model if it is new.
+
+        ``architecture``: the auto class a path loads with (``None``: the causal LM TRL loads);
+        ``seed``: a load that draws weights (a new head) is made after ``set_seed(seed)``, once
+        per seed."""
         if isinstance(model, str):
             init_kwargs = dict(model_init_kwargs or {})
             init_kwargs.setdefault("trust_remote_code", trust_remote_code)
             source = f"path:{model}:{_kwargs_key(init_kwargs)}"
+            if architecture is not None:
+                source += f":{architecture.__name__}"
+            if seed is not None:
+                source += f":seed={seed}"
         else:
             init_kwargs = None
             self._objects[id(model)] = model  # keep it alive so the id stays unique
@@ -394,20 +434,26 @@ class ModelPool:
         if key in self.groups:
             return self.groups[key]
 
+        streams = None
         if isinstance(model, str):
-            base = self._load(model, init_kwargs or {}, source)
+            if seed is not None:
+                set_seed(seed)
+            base = self._load(model, init_kwargs or {}, source, architecture)
+            streams = RngState.capture() if seed is not None else None
         elif any(g.key.startswith(source + "|") for g in self.groups.values()):
             # The object already backs another kind of training (adapters were injected into
             # it, or its weights are being fine-tuned): this kind gets its own copy.
             base = copy.deepcopy(model)
         else:
             base = model
-        group = ModelGroup(key=key, base=base, model=base, peft=peft_config is not None)
+        group = ModelGroup(key=key, base=base, model=base, peft=peft_config is not None,
+                           streams_after_load=streams)
         self.groups[key] = group
         return group
 
-    def _load(self, model_id: str, init_kwargs: dict[str, Any], source: str) -> Any:
+    def _load(self, model_id: str, init_kwargs: dict[str, Any], source: str,
+              architecture: Any = None) -> Any:
         from trl.trainer.utils import create_model_from_path
 
         self.loads[source] += 1
-        return create_model_from_path(model_id, **init_kwargs)
+        return create_model_from_path(model_id, architecture, **init_kwargs)

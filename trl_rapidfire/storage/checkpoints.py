@@ -191,7 +191,8 @@ def run_state_from_checkpoint(
     """A run's parameter values and per-parameter optimizer states, read from its checkpoint.
 
     ``named_params`` are the run's own parameters as the model names them, in model order;
-    ``adapter`` its adapter name (PEFT saves adapter weights without it); ``decay`` the names
+    ``adapter`` its adapter name (PEFT saves adapter weights without it: see
+    :func:`_saved_key`); ``decay`` the names
     the Trainer puts in its weight-decay group. The Trainer numbers optimizer state in the
     order of its groups (decay, then no decay), each in model order, over the parameters that
     were trainable: the run's own. Raises ``LookupError`` when the files do not match.
@@ -206,7 +207,7 @@ def run_state_from_checkpoint(
         raise LookupError(f"no weights in {checkpoint}")
     values = []
     for name, _ in named_params:
-        key = name.replace(f".{adapter}", "") if adapter else name
+        key = _saved_key(name, adapter)
         if key not in tensors:
             raise LookupError(f"{key} is not in {checkpoint}")
         values.append(tensors[key])
@@ -231,3 +232,12 @@ def run_state_from_checkpoint(
                                       f"{named_params[position][0]} has another shape")
             states[position] = dict(state)
     return values, states
+
+
+def _saved_key(name: str, adapter: str | None) -> str:
+    """The key PEFT saves a run's parameter under: its name without the adapter's; for its
+    copy of a module to save (a reward model's score head), without ``modules_to_save.<adapter>``
+    too (``score.modules_to_save.rf0.weight`` is saved as ``score.weight``)."""
+    if not adapter:
+        return name
+    return name.replace(f"modules_to_save.{adapter}.", "").replace(f".{adapter}", "")

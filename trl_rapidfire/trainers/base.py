@@ -20,7 +20,7 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_utils import TrainOutput
 
-from ..config.configs import RFConfigError, RFConfigMixin
+from ..config.configs import RFConfigError
 from ..control.ops import OpRecord
 from ..engine import Engine, RunSlot, RunTrainer
 from ..engine.lifetime import stopped_by_ctrl_c
@@ -45,7 +45,7 @@ from .subclassing import (
     run_class_for,
 )
 
-__all__ = ["RFTrainerMixin", "default_output_dir", "rf_config_from", "trainer_arguments"]
+__all__ = ["RFTrainerMixin"]
 
 class RFTrainerMixin:
     """The experiment-level trainer. Subclasses set :attr:`_rf_run_hooks` (the run trainer's
@@ -462,34 +462,3 @@ def _writes_here(trainer: Any) -> bool:
     if not worker.launched or trainer.args.world_size > 1:
         return True  # alone; or a gang run, whose trainer knows its writers and needs them all
     return (worker.local_rank if trainer.args.save_on_each_node else worker.rank) == 0
-
-
-def rf_config_from(args: Any, config_class: type[RFConfigMixin],
-                   default_output_dir: str) -> Any:
-    """Accept what the TRL trainer accepts as ``args``: an RF config, the TRL config, plain
-    ``TrainingArguments`` (converted), or ``None`` (defaults)."""
-    if args is None:
-        # An RF config class is a dataclass of the mixin and a TRL config: TRL's fields.
-        return config_class(output_dir=default_output_dir)  # type: ignore[call-arg]
-    if isinstance(args, RFConfigMixin):
-        return args
-    if isinstance(args, config_class.trl_config_class):  # a plain TRL config: one run, one chunk
-        return args
-    dict_args = args.to_dict()
-    dict_args["hub_token"] = args.hub_token
-    return config_class(**dict_args)
-
-
-def default_output_dir(model: Any, suffix: str) -> str:
-    """TRL's default ``output_dir``: the model's name, then ``-<suffix>`` (``SFT``, ...)."""
-    name = model if isinstance(model, str) else getattr(
-        getattr(model, "config", None), "name_or_path", "model"
-    )
-    return f"{str(name).rstrip('/').split('/')[-1]}-{suffix}"
-
-
-def trainer_arguments(given: dict[str, Any]) -> dict[str, Any]:
-    """An RF trainer's ``__init__`` arguments that its TRL trainer takes, from the
-    ``locals()`` of its first line (``args``, ``search`` and ``policy`` are the experiment's)."""
-    return {k: v for k, v in given.items()
-            if k not in ("self", "args", "search", "policy", "__class__")}

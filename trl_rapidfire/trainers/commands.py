@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_training_commands"]
+from .. import TRAINER_KINDS
+
+__all__ = ["KINDS", "add_training_commands"]
+
+# The trainer kinds by their command-line names (sft, ..., distillation).
+KINDS = {kind.lower(): kind for kind in TRAINER_KINDS}
 
 
 def _cmd_expand(args: argparse.Namespace) -> int:
     from trl import TrlParser
 
-    from ..config.configs import RFDPOConfig, RFGRPOConfig, RFSFTConfig
+    from ..config import configs
     from ..reports.display import table
     from ..search.searches import GridSearch, RandomSearch
 
-    config_class = {"sft": RFSFTConfig, "dpo": RFDPOConfig, "grpo": RFGRPOConfig}[args.trainer]
+    config_class = getattr(configs, f"RF{KINDS[args.trainer]}Config")
     parser = TrlParser(dataclass_types=[config_class])
     (config,) = parser.parse_args_and_config(["--config", args.config, *args.overrides])
     search = (
@@ -41,7 +46,8 @@ def add_training_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "the YAML, as with TRL scripts.",
     )
     p.add_argument("config", help="YAML file of RF config fields")
-    p.add_argument("--trainer", choices=["sft", "dpo", "grpo"], default="sft")
+    p.add_argument("--trainer", choices=list(KINDS), default="sft",
+                   help="whose config the YAML holds (default sft)")
     p.add_argument("--search", choices=["grid", "random"], default="grid")
     p.add_argument("--num-runs", type=int, default=8, help="draws for --search random")
     p.add_argument("--seed", type=int, default=0, help="seed for --search random")

@@ -13,11 +13,12 @@ from typing import Any
 
 from trl import DPOTrainer
 
-from ..config.configs import RFConfigError, RFDPOConfig
+from ..config.configs import RFDPOConfig
 from ..config.dataset_checks import check_dpo_dataset
-from ..config.preflight import PreflightError
 from ..search.searches import Search
-from .base import RFTrainerMixin, default_output_dir, rf_config_from, trainer_arguments
+from .base import RFTrainerMixin
+from .construction import each_dataset, experiment_config, trainer_arguments
+from .prepared_data import prepared_once
 from .run_trainer import RunTrainerMixin
 
 __all__ = ["RFDPOTrainer"]
@@ -32,17 +33,13 @@ class _RunDPOHooks(RunTrainerMixin):
         super().__init__(*args, **kwargs)
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-        memo = self._rf_dataset_memo
-        if memo is None:
-            return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
         # The DPOConfig fields DPOTrainer._prepare_dataset reads, and the tokenizer's EOS.
         key = (id(dataset), id(processing_class), dataset_name, args.dataset_num_proc,
                args.max_length, args.truncation_mode, self._tokenizer.eos_token)
-        if key not in memo:
-            prepared = super()._prepare_dataset(dataset, processing_class, args, dataset_name)
-            memo[key] = (dataset, processing_class, prepared)  # inputs kept alive: ids in key
-        return memo[key][-1]
-
+        return prepared_once(
+            self._rf_dataset_memo, key, (dataset, processing_class),
+            lambda: super(_RunDPOHooks, self)._prepare_dataset(dataset, processing_class, args,
+                                                                dataset_name))
 
 class RFDPOTrainer(RFTrainerMixin, DPOTrainer):
     """``DPOTrainer`` for a config group: every combination of knobs is a run, all runs train
@@ -80,15 +77,10 @@ class RFDPOTrainer(RFTrainerMixin, DPOTrainer):
         policy: Any = None,
     ) -> None:
         arguments = trainer_arguments(locals())  # first: nothing else in locals() yet
-        if train_dataset is None:
-            raise ValueError("`train_dataset` is required")
-        try:  # before any model loads; DPO's columns do not depend on the config
-            check_dpo_dataset(train_dataset, label="train_dataset")
-            check_dpo_dataset(eval_dataset, label="eval_dataset")
-        except PreflightError as err:
-            raise RFConfigError(str(err)) from None
+        config = experiment_config(arguments, args, RFDPOConfig, "DPO",
+                                   each_dataset(check_dpo_dataset))
         self._rf_setup(
-            args=rf_config_from(args, RFDPOConfig, default_output_dir(model, "DPO")),
+            args=config,
             search=search,
             policy=policy,
             arguments=arguments,

@@ -31,15 +31,10 @@ from ..storage.layout import Layout, run_index
 from ..tracking.tags import KNOBS_TAG
 from .generation_eval import GenerationEval
 from .per_run_trackers import one_stream_per_run
+from .run_agreement import check_group_agrees, check_warm_start
 from .run_trainer import copy_callback, copy_callbacks
 
 __all__ = ["RunBuilder"]
-
-# Settings a trainer applies to the model or tokenizer it is given, not to itself: runs that
-# share a base model (and its tokenizer) must agree on them, or one run's setting would leak
-# into the others'.
-_SHARED_SETTINGS = ("disable_dropout", "gradient_checkpointing", "activation_checkpointing",
-                    "eos_token", "pad_token", "chat_template_path")
 
 # Knobs that change neither what a run's dataset preparation makes nor how many batches it
 # yields: runs that differ only in these have the same chunk plan as a run already built, so
@@ -55,9 +50,6 @@ _PLAN_NEUTRAL = frozenset({
 # The config fields _prepare sets (what a config read before it lacks).
 _PREPARED = ("output_dir", "dataloader_pin_memory", "model_init_kwargs")
 
-# What a warm start cannot change: the adapter's shape.
-_SHAPE_FIELDS = ("peft_type", "r", "target_modules", "modules_to_save", "rank_pattern",
-                 "use_dora", "layers_to_transform", "trainable_token_indices", "bias")
 
 
 class RunBuilder:
@@ -77,7 +69,7 @@ class RunBuilder:
             they are not written out (a ``to_dict()`` of ~200 fields a run).
     """
 
-    def __init__(self, *, trainer_class: type, args: Any, shared: dict[str, Any],
+    def __init__(self, *, trainer_class: type[Any], args: Any, shared: dict[str, Any],
                  knob_args: dict[str, Any], pool: ModelPool, owner: Any = None,
                  single: bool = False, tracked: bool = True) -> None:
         self.trainer_class = trainer_class
@@ -215,10 +207,14 @@ class RunBuilder:
         quantization_config = self.shared.get("quantization_config")
         if quantization_config is not None and isinstance(model, str):
             init_kwargs["quantization_config"] = quantization_config
+        load = self.trainer_class.rf_base_load  # the kind's model class (a reward model's)
+        init_kwargs.update(load.init_kwargs)
         group = self.pool.group(model, peft_config=peft_config, model_init_kwargs=init_kwargs,
-                                trust_remote_code=config.trust_remote_code)
+                                trust_remote_code=config.trust_remote_code,
+                                architecture=load.architecture,
+                                seed=config.seed if load.seeded else None)
         group.runs.append(spec.name)
-        _check_group_agrees(group, spec.name, config)
+        check_group_agrees(group, spec.name, config)
         if config.neftune_noise_alpha is not None and len(group.runs) > 1:
             raise RFConfigError(
                 f"{spec.name}: neftune_noise_alpha adds a hook to the shared base model's "
@@ -394,7 +390,7 @@ class RunBuilder:
         except SearchError as err:
             raise OpError(f"invalid clone of {parent.name}: {err}") from None
         if op.warm:
-            _check_warm_start(parent.name, spec.trainer_kwargs, new_spec.trainer_kwargs)
+            check_warm_start(parent.name, spec.trainer_kwargs, new_spec.trainer_kwargs)
             if bool(parent.gang) != is_gang_config(new_spec.config):
                 raise OpError(f"{parent.name}: a warm start between an FSDP run and a "
                               "single-device run is not supported (the one's weights and "
@@ -439,40 +435,6 @@ def _index_of(name: str) -> int:
     if index is None:
         raise ValueError(f"{name!r} is not a run's name (run-<n>)")
     return index
-
-
-def _check_group_agrees(group: Any, run: str, config: Any) -> None:
-    values = {f: getattr(config, f) for f in _SHARED_SETTINGS if hasattr(config, f)}
-    first = group.settings
-    if first is None:
-        group.settings = (run, values)
-        return
-    other, theirs = first
-    for field_name, value in values.items():
-        if field_name in theirs and theirs[field_name] != value:
-            raise RFConfigError(
-                f"{run} sets {field_name}={value!r} but {other}, which shares its base model, "
-                f"sets {field_name}={theirs[field_name]!r}. The trainer applies it to the "
-                "shared model or tokenizer, so runs of one model must agree: make it a single "
-                "value, or give these runs different models."
-            )
-
-
-def _check_warm_start(parent: str, before: dict[str, Any], after: dict[str, Any]) -> None:
-    if after.get("model") is not before.get("model") and after.get("model") != before.get(
-        "model"
-    ):
-        raise OpError(f"warm start from {parent} across a change of base model is not possible; "
-                      "use `clone` to train from scratch")
-    old, new = before.get("peft_config"), after.get("peft_config")
-    if (old is None) != (new is None):
-        raise OpError(f"warm start from {parent} between LoRA and full fine-tuning is not "
-                      "possible; use `clone`")
-    if old is not None:
-        changed = [f for f in _SHAPE_FIELDS if getattr(old, f, None) != getattr(new, f, None)]
-        if changed:
-            raise OpError(f"warm start from {parent}: {changed} change the adapter's shape; "
-                          "use `clone` to train it from scratch")
 
 
 def _accelerator_available() -> bool:

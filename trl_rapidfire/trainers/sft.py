@@ -9,10 +9,12 @@ from typing import Any
 from trl import SFTTrainer
 
 from ..config.configs import RFConfigError, RFSFTConfig
-from ..config.dataset_checks import check_dataset_rows, check_sft_dataset
+from ..config.dataset_checks import check_sft_dataset
 from ..config.preflight import PreflightError
 from ..search.searches import Search
-from .base import RFTrainerMixin, default_output_dir, rf_config_from, trainer_arguments
+from .base import RFTrainerMixin
+from .construction import experiment_config, trainer_arguments
+from .prepared_data import prepared_once
 from .run_trainer import RunTrainerMixin
 
 __all__ = ["RFSFTTrainer"]
@@ -46,25 +48,16 @@ class _RunSFTHooks(RunTrainerMixin):
 
     def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func,
                          dataset_name):
-        memo = self._rf_dataset_memo
-        if memo is None:
-            return super()._prepare_dataset(
-                dataset, processing_class, args, packing, formatting_func, dataset_name
-            )
         key = (
             id(dataset), id(processing_class), id(formatting_func), dataset_name, packing,
             tuple(repr(getattr(args, f, None)) for f in _PREP_FIELDS),
             args.seed if args.shuffle_dataset or packing else None,
             self.completion_only_loss, repr(self.chat_template), self._is_vision_dataset,
         )
-        if key not in memo:
-            prepared = super()._prepare_dataset(
-                dataset, processing_class, args, packing, formatting_func, dataset_name
-            )
-            # Keep the inputs alive: their ids are part of the key.
-            memo[key] = (dataset, processing_class, formatting_func, prepared)
-        return memo[key][-1]
-
+        return prepared_once(
+            self._rf_dataset_memo, key, (dataset, processing_class, formatting_func),
+            lambda: super(_RunSFTHooks, self)._prepare_dataset(
+                dataset, processing_class, args, packing, formatting_func, dataset_name))
 
 class RFSFTTrainer(RFTrainerMixin, SFTTrainer):
     """``SFTTrainer`` for a config group: every combination of knobs is a run, and all runs
@@ -116,14 +109,9 @@ class RFSFTTrainer(RFTrainerMixin, SFTTrainer):
         policy: Any = None,
     ) -> None:
         arguments = trainer_arguments(locals())  # first: nothing else in locals() yet
-        if train_dataset is None:
-            raise ValueError("`train_dataset` is required")
-        try:  # before any model loads
-            check_dataset_rows({"train_dataset": train_dataset, "eval_dataset": eval_dataset})
-        except PreflightError as err:
-            raise RFConfigError(str(err)) from None
+        config = experiment_config(arguments, args, RFSFTConfig, "SFT")
         self._rf_setup(
-            args=rf_config_from(args, RFSFTConfig, default_output_dir(model, "SFT")),
+            args=config,
             search=search,
             policy=policy,
             arguments=arguments,
