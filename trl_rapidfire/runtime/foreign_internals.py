@@ -89,6 +89,21 @@ def wrapper_adapters(module: Any) -> Collection[str]:
     return getattr(module, "_adapters", ())
 
 
+def wrapper_copies(module: Any) -> tuple[torch.nn.ModuleDict, set[str]] | None:
+    """For a PEFT ``ModulesToSaveWrapper`` (a reward model's score head, trained per adapter):
+    the dict of its per-adapter copies and the set of adapters it knows, which a detached
+    adapter's copy leaves together; ``None`` for any other wrapper (trainable tokens)."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    if not isinstance(module, ModulesToSaveWrapper):
+        return None
+    adapters = getattr(module, "_adapters", None)
+    copies = getattr(module, "modules_to_save", None)
+    if not isinstance(adapters, set) or not isinstance(copies, torch.nn.ModuleDict):
+        return None  # another PEFT's layout: the adapter stays attached
+    return copies, adapters
+
+
 def put_module_back(container: torch.nn.ModuleDict, key: str, module: torch.nn.Module) -> None:
     """Put ``module``, taken out of ``container`` under ``key``, back where it was."""
     container._modules[key] = module

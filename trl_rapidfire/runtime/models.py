@@ -44,6 +44,7 @@ from .foreign_internals import (
     put_module_back,
     set_layer_active_adapter,
     wrapper_adapters,
+    wrapper_copies,
 )
 from .switch import RngState
 
@@ -275,7 +276,7 @@ class ModelGroup:
         number of runs (a step at 128 runs cost 5.75x a step at 8 on the tiny model).
         :meth:`attach` puts the modules back as they were.
         Returns whether the adapter was detached (not the active one, not prompt learning,
-        no ``modules_to_save``/trainable-token wrappers, which keep per-adapter copies).
+        no trainable-token wrappers, which keep per-adapter state of their own).
         """
         model = self.model
         if (not self.peft or name in self._detached or name not in model.peft_config
@@ -283,7 +284,7 @@ class ModelGroup:
             return False
         if self._needs_attached(name):
             return False
-        assert self._containers is not None  # _needs_attached() found the layers
+        assert self._containers is not None and self._aux_modules is not None  # found
         taken: list[tuple[Any, str, Any]] = []
         for layer, containers in self._containers:
             if name in layer.active_adapters:
@@ -292,16 +293,27 @@ class ModelGroup:
                 if name in container:
                     taken.append((container, name, container[name]))
                     del container[name]
+        for wrapper in self._aux_modules:
+            held = wrapper_copies(wrapper)
+            if held is not None and name in held[1]:
+                # Its copy of a module to save (a score head) and its place in the wrapper's
+                # adapters leave together; the wrapper then walks the active copy alone.
+                copies, adapters = held
+                taken += [(copies, name, copies[name]), (adapters, name, None)]
+                del copies[name]
+                adapters.discard(name)
         self._detached[name] = taken
         self._attached.discard(name)
         return True
 
     def _needs_attached(self, name: str) -> bool:
-        """Adapters that stay in the module tree: ``modules_to_save`` and trainable-token
-        wrappers keep per-adapter copies of base modules, which detaching would not cover."""
+        """Adapters that stay in the module tree: a trainable-token wrapper keeps
+        per-adapter state that detaching would not cover (a module to save's copies are
+        detached with the adapter)."""
         self._find_layers()
         assert self._aux_modules is not None  # found just now
-        return any(name in wrapper_adapters(m) for m in self._aux_modules)
+        return any(name in wrapper_adapters(m) and wrapper_copies(m) is None
+                   for m in self._aux_modules)
 
     def attach(self, name: str) -> None:
         """Put a detached adapter's modules back (no-op if it is in the model)."""
@@ -317,7 +329,9 @@ class ModelGroup:
     @staticmethod
     def _put_back(taken: list[tuple[Any, str, Any]]) -> bool:
         for container, key, value in taken:
-            if type(container) is torch.nn.ModuleDict:
+            if isinstance(container, set):  # a modules-to-save wrapper's adapters
+                container.add(key)
+            elif type(container) is torch.nn.ModuleDict:
                 # Without __setitem__'s checks of a new name and module (foreign_internals).
                 put_module_back(container, key, value)
             else:
