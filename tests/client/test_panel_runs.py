@@ -109,6 +109,16 @@ def test_a_first_answer_holds_each_runs_lean_row_knobs_and_curve(written):
     assert points[-1][1] == pytest.approx(loss_of(5, STEPS), rel=1e-5)  # 6 digits sent
 
 
+def test_a_trainer_kinds_own_metric_comes_in_the_rows_that_logged_it(written):
+    # A reward model's runs log eval_accuracy: the page shows it in a column of its own.
+    tracker, store, experiment, rfid = written
+    tracker.log_metrics("run-2", [("eval_accuracy", 0.75, STEPS, int(time.time() * 1000))])
+    tracker.flush(timeout=60)
+    runs = {r["name"]: r for r in _get(_client(store), experiment, rfid)["runs"]}
+    assert runs["run-2"]["eval_accuracy"] == [0.75, STEPS]
+    assert "eval_accuracy" not in runs["run-1"] and runs["run-1"]["eval_loss"] is None
+
+
 def test_a_refresh_gets_only_what_moved(written):
     tracker, store, experiment, rfid = written
     client, page = _client(store), _Page()

@@ -1,6 +1,6 @@
 """What each new kind brings beyond the common path: a distillation teacher that is a knob,
 loaded once per candidate and shared by the runs that name it; KTO runs judged by what they
-generate, as SFT and DPO runs can be."""
+generate, as SFT and DPO runs can be, against the completions labelled desirable."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _exact(prediction: EvalPrediction) -> dict[str, float]:
             / len(answers)}
 
 
-def test_kto_runs_answer_the_eval_prompts_and_are_scored_against_the_completions(tmp_path):
+def test_kto_runs_answer_the_eval_prompts_and_are_scored_against_the_desirable_ones(tmp_path):
     spec = KINDS["kto"]
     evals = make_kto_dataset(4, seed=3)
     experiment = spec.experiment(
@@ -59,5 +59,8 @@ def test_kto_runs_answer_the_eval_prompts_and_are_scored_against_the_completions
         assert [e["step"] for e in evaluations] == [2, 4]
         saved = sorted((Path(run.output_dir) / "generations").glob("eval-step-*.jsonl"))
         rows = [json.loads(line) for line in saved[-1].read_text().splitlines()]
-        assert [r["reference"] for r in rows] == list(evals["completion"])
+        # Thumbs-down rows are no answer to aim at: only the desirable ones are references.
+        assert [r["reference"] for r in rows] == \
+            [c for c, good in zip(evals["completion"], evals["label"]) if good]
+        assert 0 < len(rows) < len(evals)
         assert all(isinstance(r["answer"], str) for r in rows)

@@ -39,6 +39,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..reports.kind_metrics import KIND_METRICS
+
 __all__ = ["LEAN_TAGS", "MAX_HELD", "MAX_POINTS", "RunsQuery", "expanded", "knob_names",
            "parse_held", "parse_query", "reader_for", "runs_answer"]
 
@@ -46,7 +48,11 @@ __all__ = ["LEAN_TAGS", "MAX_HELD", "MAX_POINTS", "RunsQuery", "expanded", "knob
 LEAN_TAGS = ("rapidfire.run", "rapidfire.status", "rapidfire.progress", "rapidfire.op",
              "rapidfire.op.result", "rapidfire.op.seq", "rapidfire.knobs", "rapidfire.parent",
              "rapidfire.warm_start")
-_METRICS = ("loss", "eval_loss")
+_SHOWN = ("loss", "eval_loss")  # every row has these (None: not logged yet)
+# A trainer kind's own metric (a reward model's accuracy, a policy's reward): in a row when
+# logged, its column shown beside the losses (reports/kind_metrics.py).
+_KIND = tuple(f"{prefix}{key}" for _, key in KIND_METRICS for prefix in ("", "eval_"))
+_METRICS = (*_SHOWN, *_KIND)
 _CURVE = "loss"
 MAX_POINTS = 60_000  # loss points in one answer (about 1 MB of JSON)
 _PARAM_TEXT = 2_000  # a param value, as the page gets it
@@ -186,7 +192,8 @@ def _row(run_id: str, name: str, status: str, tags: dict[str, str],
          metrics: dict[str, list[Any]]) -> dict[str, Any]:
     return {"id": run_id, "name": tags.get("rapidfire.run") or name or run_id,
             "mlflow_status": status, "tags": tags,
-            **{m: metrics.get(m) for m in _METRICS}}
+            **{m: metrics.get(m) for m in _SHOWN},
+            **{m: metrics[m] for m in _KIND if m in metrics}}
 
 
 def _batches(items: Sequence[str]) -> Iterable[Sequence[str]]:

@@ -87,10 +87,13 @@ def _text_of(value: Any) -> str | None:
 
 
 def examples_of(rows: Iterable[Mapping[str, Any]], reference_column: str) -> list[Example]:
-    """The prompts and references of ``rows`` (see the module docstring). Raises ``ValueError``
-    naming the first row that has no prompt."""
+    """The prompts and references of ``rows`` (see the module docstring), but rows labelled
+    undesirable (KTO's ``label=False``). Raises ``ValueError`` naming the first row that has
+    no prompt."""
     out = []
     for i, row in enumerate(rows):
+        if row.get("label") is False:
+            continue  # an undesirable completion (KTO's thumbs-down) is no answer to aim at
         if "prompt" in row:
             out.append(Example(row["prompt"], _text_of(row.get(reference_column))))
             continue

@@ -53,7 +53,7 @@ class RFKTOTrainer(RFTrainerMixin, KTOTrainer):
     Takes ``KTOTrainer``'s arguments; ``args`` is usually an :class:`~trl_rapidfire.RFKTOConfig`
     (``beta=List([...])``, ``desirable_weight=List([...])``, ...); ``model``, ``peft_config``
     and ``compute_metrics`` may be ``List``s; with the config's ``generation_config`` the runs
-    answer the eval prompts and are scored against the completions. ``search``:
+    answer the eval prompts and are scored against the desirable completions. ``search``:
     ``GridSearch()`` (default), ``RandomSearch(...)`` or ``OptunaSearch(...)``. See
     :class:`~trl_rapidfire.RFSFTTrainer` for what the trainer offers after ``train()``.
     """

@@ -91,6 +91,17 @@ function runOrder(name) {
   return m ? Number(m[1]) : Number.MAX_SAFE_INTEGER;
 }
 
+// The metrics a row may carry: the losses, then a trainer kind's own (a reward model's
+// accuracy, a policy's reward, a preference margin: reports/kind_metrics.py), eval form first.
+const KIND_METRICS = ["eval_accuracy", "accuracy", "eval_reward", "reward",
+  "eval_rewards/margins", "rewards/margins"];
+const METRIC_KEYS = ["loss", "eval_loss", ...KIND_METRICS];
+
+// The kind's metric the table shows: the first of KIND_METRICS some run logged, or null.
+function kindMetric(runs) {
+  return KIND_METRICS.find((k) => runs.some((run) => run.metrics[k])) || null;
+}
+
 // A run as the page holds it, from a row of the lean route (the params come with a run's
 // first row only, so a later row keeps the ones held).
 function toRun(row, held) {
@@ -101,7 +112,7 @@ function toRun(row, held) {
   const order = runOrder(row.name);
   return {
     id: row.id, v: row.v, name: row.name, status: tags[TAG.status] || "-", progress: tags[TAG.progress] || "",
-    metrics: {loss: metric(row.loss), eval_loss: metric(row.eval_loss)},
+    metrics: Object.fromEntries(METRIC_KEYS.filter((k) => row[k]).map((k) => [k, metric(row[k])])),
     params: row.params || (held ? held.params : {}),
     seq: parseInt(tags[TAG.seq] || "0", 10) || 0, pending: tags[TAG.op], result: tags[TAG.result],
     tagged: Array.isArray(knobNames) && knobNames.every((n) => typeof n === "string"),

@@ -90,7 +90,8 @@ function rowOf(run) {
     const link = el("a", {target: "_blank", rel: "noopener", text: run.name,
       onclick: (event) => event.stopPropagation()});
     const cells = {name: el("td", {className: "c-run"}, link), status: el("td"),
-      progress: el("td", {className: "c-progress"}), loss: el("td"), eval: el("td"), knobs: [],
+      progress: el("td", {className: "c-progress"}), loss: el("td"), eval: el("td"),
+      kind: el("td"), knobs: [],
       answer: el("td", {"data-answer": run.name})};
     const button = (label, op) => opButton(run.id, run.name, label, op);
     const buttons = {stop: button("Stop", "stop"), resume: button("Resume", "resume"),
@@ -106,7 +107,9 @@ function rowOf(run) {
 
 function drawHead() {
   const heads = [["run", "c-run"], ["status", "c-status"], ["progress", "c-progress"],
-    ["loss", "c-metric"], ["eval_loss", "c-metric"], ...state.knobs.map((k) => [k, "c-knob"]),
+    ["loss", "c-metric"], ["eval_loss", "c-metric"],
+    ...(state.kindMetric ? [[state.kindMetric.replace("rewards/", ""), "c-metric"]] : []),
+    ...state.knobs.map((k) => [k, "c-knob"]),
     ["answer", "c-answer"], ["", "c-ops"]];
   document.getElementById("head").replaceChildren(...heads.map(([h, cls]) =>
     el("th", {text: h, className: cls, title: h})));
@@ -114,7 +117,8 @@ function drawHead() {
 
 function drawTable() {
   const exp = state.current;
-  const columns = JSON.stringify(state.knobs);
+  state.kindMetric = kindMetric(state.runs);
+  const columns = JSON.stringify([state.kindMetric, state.knobs]);
   if (columns !== drawnColumns) drawHead();
   const rows = state.runs.map((run) => {
     const row = rowOf(run);
@@ -125,10 +129,11 @@ function drawTable() {
     setCell(cells.progress, run.progress, "c-progress", run.progress);
     setCell(cells.loss, metricText(run, "loss"));
     setCell(cells.eval, metricText(run, "eval_loss"));
+    if (state.kindMetric) setCell(cells.kind, metricText(run, state.kindMetric));
     if (columns !== drawnColumns || cells.knobs.length !== state.knobs.length) {
       cells.knobs = state.knobs.map(() => el("td", {className: "c-knob"}));
       row.tr.replaceChildren(cells.name, cells.status, cells.progress, cells.loss, cells.eval,
-        ...cells.knobs, cells.answer, row.ops);
+        ...(state.kindMetric ? [cells.kind] : []), ...cells.knobs, cells.answer, row.ops);
     }
     state.knobs.forEach((k, i) => {
       const text = run.params[k] ?? "";
