@@ -377,6 +377,31 @@ def test_trainers_refuse_unreadable_datasets_before_loading_a_model(cpu):
                       args=RFGRPOConfig(**cpu, per_device_train_batch_size=4, num_generations=2))
 
 
+def test_every_kind_refuses_rows_it_cannot_read_and_takes_every_form_its_trl_trainer_reads():
+    from trl_rapidfire import RFKTOTrainer, RFRewardTrainer, RFRLOOTrainer
+    from trl_rapidfire.config.dataset_checks import check_dpo_dataset, check_kto_dataset
+    from trl_rapidfire.config.preflight import PreflightError
+    from trl_rapidfire.testing import make_dpo_dataset, make_kto_dataset
+
+    text = make_sft_dataset(2)
+    with pytest.raises(RFConfigError, match="no 'completion' or 'label' column.*KTO reads"):
+        RFKTOTrainer(model=NO_MODEL, train_dataset=text)
+    with pytest.raises(RFConfigError, match="no 'chosen' or 'rejected' column.*Reward reads"):
+        RFRewardTrainer(model=NO_MODEL, train_dataset=text)
+    with pytest.raises(RFConfigError, match="no 'prompt' column.*RLOO generates"):
+        RFRLOOTrainer(model=NO_MODEL, reward_funcs=reward_short, train_dataset=text)
+    # What TRL reads besides: KTO unpairs preference pairs; tokenized rows of either kind.
+    pairs = make_dpo_dataset(2)
+    check_kto_dataset(pairs)
+    check_kto_dataset(make_kto_dataset(2))
+    check_kto_dataset(Dataset.from_dict({"prompt_ids": [[1]], "completion_ids": [[2]],
+                                         "label": [True]}))
+    for names in (("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")):
+        check_dpo_dataset(Dataset.from_dict({n: [[1, 2]] for n in names}), kind="Reward")
+    with pytest.raises(PreflightError, match=r"rename_column\('response', 'completion'\)"):
+        check_kto_dataset(Dataset.from_dict({"prompt": ["q"], "response": ["a"]}))
+
+
 def test_a_text_field_knob_naming_a_missing_column_fails_setup_naming_the_run(cpu):
     args = RFSFTConfig(**{**cpu, **cpu_training_kwargs()}, max_steps=2,
                        dataset_text_field=List(["text", "content"]))

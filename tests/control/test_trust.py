@@ -20,7 +20,7 @@ from state_files import add_run, read_state
 from trl_rapidfire import List, RFConfigError, RFSFTConfig, RFSFTTrainer
 from trl_rapidfire.client.cli import main as cli_main
 from trl_rapidfire.control.ops import OpError, resolve_overrides
-from trl_rapidfire.control.trust import check_tag_override
+from trl_rapidfire.control.trust import check_tag_override, refused_by_name
 from trl_rapidfire.shared_state.runs import RunStatus
 from trl_rapidfire.storage.names import UntrustedValue, check_run_name, inside
 from trl_rapidfire.testing import (
@@ -258,6 +258,13 @@ def test_check_tag_override_rules():
                            trainer_arg=True)
     with pytest.raises(UntrustedValue, match="not one of"):
         check_tag_override("peft_config.bias", "everything", owner=LoraConfig)
+    # A distillation teacher loads a model, as the model does: a tag may pick a declared one.
+    assert refused_by_name("teacher_model") == refused_by_name("model") is not None
+    check_tag_override("teacher_model", "org/teacher", owner=None, candidates=("org/teacher",),
+                       trainer_arg=True)
+    with pytest.raises(UntrustedValue):
+        check_tag_override("teacher_model", "/etc", owner=None, candidates=("org/teacher",),
+                           trainer_arg=True)
     check_tag_override("hub_model_id", "me/x", owner=SFTConfig, allowed=("hub_model_id",))
 
 

@@ -148,21 +148,48 @@ def _check_text_column(label: str, dataset: Any, column: str) -> None:
             f"first at row {first}; SFT needs text in every row. {fix}")
 
 
-def check_dpo_dataset(dataset: Any, *, label: str = "train_dataset", kind: str = "DPO") -> None:
-    """Raise :class:`PreflightError` unless ``dataset`` has rows and ``chosen`` and
-    ``rejected`` columns (``prompt`` is optional: TRL extracts an implicit one); ``kind``: the
-    trainer that reads them (DPO, Reward)."""
+# The column sets a preference pair is read from: text, or already tokenized (TRL's names, and
+# the legacy ones it still renames).
+_PAIR_FORMS = (("chosen", "rejected"), ("chosen_ids", "rejected_ids"),
+               ("chosen_input_ids", "rejected_input_ids"))
+# KTO's unpaired rows (text or tokenized), or preference pairs, which it unpairs itself.
+_UNPAIRED_FORMS = (("completion", "label"), ("completion_ids", "label"), *_PAIR_FORMS)
+
+
+def _check_forms(dataset: Any, label: str, forms: tuple[tuple[str, ...], ...],
+                 reads: str, rename: str) -> None:
+    """Raise :class:`PreflightError` unless each dataset of ``dataset`` has rows and every
+    column of one of ``forms`` (a vision dataset is TRL's to judge); ``reads``: what the
+    trainer reads, in words, and ``rename`` a column it might be under, for the message."""
     for name, ds in _each_dataset(label, dataset):
         row = _first_row(name, ds)
         columns = _columns(ds, row)
-        missing = [c for c in ("chosen", "rejected") if c not in columns]
-        if missing and not {"image", "images"} & set(columns):
-            raise PreflightError(
-                f"{name} has no {' or '.join(repr(c) for c in missing)} column; its columns are "
-                f"{columns}. {kind} reads preference pairs: 'prompt', 'chosen', 'rejected' (or "
-                "'chosen' and 'rejected' with the prompt inside them). Rename the columns, e.g. "
-                "dataset.rename_column('preferred', 'chosen')."
-            )
+        if any(set(form) <= set(columns) for form in forms) or {"image", "images"} & set(columns):
+            continue
+        missing = [c for c in forms[0] if c not in columns]
+        raise PreflightError(
+            f"{name} has no {' or '.join(repr(c) for c in missing)} column; its columns are "
+            f"{columns}. {reads} Rename the columns, e.g. "
+            f"dataset.rename_column({rename!r}, {forms[0][0]!r}).")
+
+
+def check_dpo_dataset(dataset: Any, *, label: str = "train_dataset", kind: str = "DPO") -> None:
+    """Raise :class:`PreflightError` unless ``dataset`` has rows and ``chosen`` and
+    ``rejected`` columns, or their tokenized forms (``prompt`` is optional: TRL extracts an
+    implicit one); ``kind``: the trainer that reads them (DPO, Reward)."""
+    _check_forms(dataset, label, _PAIR_FORMS,
+                 f"{kind} reads preference pairs: 'prompt', 'chosen', 'rejected' (or 'chosen' "
+                 "and 'rejected' with the prompt inside them).", "preferred")
+
+
+def check_kto_dataset(dataset: Any, *, label: str = "train_dataset") -> None:
+    """Raise :class:`PreflightError` unless ``dataset`` has rows and ``completion`` and
+    ``label`` columns (``prompt`` is optional), their tokenized forms, or preference pairs
+    (``chosen``/``rejected``, which KTO unpairs)."""
+    _check_forms(dataset, label, _UNPAIRED_FORMS,
+                 "KTO reads unpaired feedback: 'prompt', 'completion' and 'label' (True: "
+                 "desirable), or preference pairs ('chosen', 'rejected'), which it unpairs.",
+                 "response")
 
 
 def check_grpo_dataset(dataset: Any, *, label: str = "train_dataset", kind: str = "GRPO") -> None:
@@ -178,20 +205,4 @@ def check_grpo_dataset(dataset: Any, *, label: str = "train_dataset", kind: str 
                 f"{name} has no 'prompt' column; its columns are {columns}. {kind} generates "
                 "completions for each row's 'prompt' (a string or a list of chat messages). "
                 f"Rename the column: dataset.rename_column({guess!r}, 'prompt')."
-            )
-
-
-def check_kto_dataset(dataset: Any, *, label: str = "train_dataset") -> None:
-    """Raise :class:`PreflightError` unless ``dataset`` has rows and ``completion`` and
-    ``label`` columns (``prompt`` is optional: TRL extracts an implicit one)."""
-    for name, ds in _each_dataset(label, dataset):
-        row = _first_row(name, ds)
-        columns = _columns(ds, row)
-        missing = [c for c in ("completion", "label") if c not in columns]
-        if missing and not {"image", "images"} & set(columns):
-            raise PreflightError(
-                f"{name} has no {' or '.join(repr(c) for c in missing)} column; its columns are "
-                f"{columns}. KTO reads unpaired feedback: 'prompt', 'completion' and 'label' "
-                "(True: desirable). A preference-pair dataset (chosen/rejected) is DPO's or "
-                "Reward's; rename the columns if they only differ in name."
             )

@@ -35,7 +35,7 @@ _CODE_OR_PLACE = re.compile(
     r"_dir$|_dirs?_|^dir_|path|(^|_)file|report_to|deepspeed|fsdp|accelerator_config|"
     r"local_rank|ddp|use_cpu|compile|liger|kernel|init_kwargs|callback|resume|revision|"
     r"template|^device|(^|_)device(_map)?$|tpu|xla|debug|^output|_output_dir|run_name|use_mps|"
-    r"jit|ipex|backend|mp_parameters|project|trackio|wandb|^model$|^tokenizer|processor|"
+    r"jit|ipex|backend|mp_parameters|project|trackio|wandb|(^|_)model$|^tokenizer|processor|"
     r"processing_class|^ref_model|^reward_model|dataset_name"
 )
 # Fields whose strings are module names: not code, not paths.

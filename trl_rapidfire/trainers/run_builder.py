@@ -45,6 +45,9 @@ _PLAN_NEUTRAL = frozenset({
     "warmup_ratio", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
     "max_grad_norm", "optim", "optim_args", "label_smoothing_factor", "peft_config", "seed",
     "beta", "generation_config",
+    # KTO's weights of its two kinds of rows, a reward model's centering of its scores: read
+    # by the loss only (KTO's preparation reads the weights for a warning alone).
+    "desirable_weight", "undesirable_weight", "center_rewards_coefficient",
 })
 
 # The config fields _prepare sets (what a config read before it lacks).
