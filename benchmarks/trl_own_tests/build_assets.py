@@ -11,6 +11,8 @@ Writes (under $WORK, default /tmp/trl_own_tests):
 Models use the configs of TRL's scripts/generate_tiny_models/*; the tokenizers cannot be
 downloaded, so each is a small byte-level BPE trained here, carrying the family's special
 tokens and the family's real chat template (taken from the installed trl's chat_templates/).
+
+  python build_assets.py [datasets] [models] [more_models]     (no argument: all three)
 """
 
 import json
@@ -199,11 +201,7 @@ def init_weights_tiny_model(model):  # copy of scripts/generate_tiny_models/_com
 
 
 def save(repo_id, model, tokenizer, gen_kwargs):
-    repo_dir = CACHE / ("models--" + repo_id.replace("/", "--"))
-    snap = repo_dir / "snapshots" / FAKE_SHA
-    snap.mkdir(parents=True, exist_ok=True)
-    (repo_dir / "refs").mkdir(exist_ok=True)
-    (repo_dir / "refs" / "main").write_text(FAKE_SHA)
+    snap = snapshot_dir(repo_id)
     model.save_pretrained(snap)
     tokenizer.save_pretrained(snap)
     if gen_kwargs is not None:
@@ -327,6 +325,130 @@ def build_models():
     save("trl-internal-testing/tiny-LlamaForSequenceClassification-3.2", m, lt, lgen)
 
 
+def gpt_neox_tok():
+    # Pythia's tokenizer: byte-level BPE, <|endoftext|> as BOS and EOS, no pad, no chat template
+    return make_tokenizer(
+        ["<|endoftext|>", "<|padding|>"], [], None, bos="<|endoftext|>", eos="<|endoftext|>"
+    )
+
+
+def snapshot_dir(repo_id):
+    """A fresh snapshot folder of `repo_id` in the Hub-cache layout."""
+    repo_dir = CACHE / ("models--" + repo_id.replace("/", "--"))
+    snap = repo_dir / "snapshots" / FAKE_SHA
+    snap.mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs").mkdir(exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(FAKE_SHA)
+    return snap
+
+
+def build_more_models():
+    """Stand-ins the KTO / Reward / RLOO tests also load: the remote-code model (tests of
+    `trust_remote_code`), GPT-NeoX (a model without a chat template), GPT-OSS (MoE, harmony
+    chat format) and the Qwen3-4B tokenizer whose chat template
+    `chat_template_path="Qwen/Qwen3-4B"` clones."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    small = dict(
+        hidden_size=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=32,
+    )
+    # tiny-RemoteForCausalLM: built with TRL's own remote-code classes
+    # (scripts/generate_tiny_models/for_causal_lm/_remote_code), registered for the auto
+    # classes so that save_pretrained writes the code and the config's auto_map.
+    sys.path.insert(0, str(TRL_SRC / "scripts"))
+    from generate_tiny_models.for_causal_lm._remote_code.configuration_remote import RemoteConfig
+    from generate_tiny_models.for_causal_lm._remote_code.modeling_remote import (
+        RemoteForCausalLM,
+        RemoteForSequenceClassification,
+        RemoteModel,
+    )
+
+    RemoteConfig.register_for_auto_class()
+    RemoteModel.register_for_auto_class("AutoModel")
+    RemoteForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+    RemoteForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+    torch.manual_seed(0)
+    lt = llama32_tok()
+    cfg = RemoteConfig(vocab_size=len(lt), **small)
+    cfg.auto_map = {  # as TRL's script does: loadable as AutoModel and as a classifier too
+        "AutoModel": "modeling_remote.RemoteModel",
+        "AutoModelForSequenceClassification": "modeling_remote.RemoteForSequenceClassification",
+    }
+    m = RemoteForCausalLM(cfg).to(torch.bfloat16)
+    init_weights_tiny_model(m)
+    bos = lt.convert_tokens_to_ids("<|begin_of_text|>")
+    eos_ids = [lt.convert_tokens_to_ids(t) for t in ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")]
+    lgen = dict(bos_token_id=bos, do_sample=True, eos_token_id=eos_ids, temperature=0.6, top_p=0.9)
+    save("trl-internal-testing/tiny-RemoteForCausalLM", m, lt, lgen)
+
+    nt = gpt_neox_tok()
+    eot = nt.convert_tokens_to_ids("<|endoftext|>")
+    m = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=len(nt), **small)).to(torch.float16)
+    init_weights_tiny_model(m)
+    save(
+        "trl-internal-testing/tiny-GPTNeoXForCausalLM",
+        m,
+        nt,
+        dict(bos_token_id=eot, eos_token_id=eot),
+    )
+
+    # tiny-GptOssForCausalLM (MoE): the harmony format's special tokens and TRL's gptoss template
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    specials = [
+        "<|startoftext|>",
+        "<|endoftext|>",
+        "<|return|>",
+        "<|constrain|>",
+        "<|channel|>",
+        "<|start|>",
+        "<|end|>",
+        "<|message|>",
+        "<|call|>",
+    ]
+    gt = make_tokenizer(
+        specials,
+        [],
+        (TEMPLATES / "gptoss.jinja").read_text(),
+        bos="<|startoftext|>",
+        eos="<|return|>",
+        pad="<|endoftext|>",
+    )
+    ids = {s: gt.convert_tokens_to_ids(s) for s in specials}
+    cfg = GptOssConfig(vocab_size=len(gt), num_local_experts=4, num_experts_per_tok=2, **small)
+    m = GptOssForCausalLM(cfg).to(torch.bfloat16)
+    init_weights_tiny_model(m)
+    save(
+        "trl-internal-testing/tiny-GptOssForCausalLM",
+        m,
+        gt,
+        dict(
+            bos_token_id=ids["<|startoftext|>"],
+            pad_token_id=ids["<|endoftext|>"],
+            eos_token_id=[ids["<|return|>"], ids["<|endoftext|>"], ids["<|call|>"]],
+            do_sample=True,
+        ),
+    )
+
+    # Qwen/Qwen3-4B: its tokenizer is read (a chat template to clone); AutoTokenizer also
+    # reads config.json (a tiny Qwen3 config: no weights)
+    from transformers import Qwen3Config
+
+    snap = snapshot_dir("Qwen/Qwen3-4B")
+    q3 = qwen3_tok()
+    q3.save_pretrained(snap)
+    Qwen3Config(vocab_size=len(q3), **small).save_pretrained(snap)
+    print("built Qwen/Qwen3-4B (tokenizer and config, no weights)")
+
+
 if __name__ == "__main__":
-    build_datasets()
-    build_models()
+    # all steps by default; or name some: datasets models more_models
+    steps = sys.argv[1:] or ["datasets", "models", "more_models"]
+    for step in steps:
+        {"datasets": build_datasets, "models": build_models, "more_models": build_more_models}[
+            step
+        ]()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 WORK = Path(os.environ.get("WORK", "/tmp/trl_own_tests"))
 RES = WORK / "results"
-FILES = ["sft", "dpo", "grpo"]
+FILES = ["sft", "dpo", "grpo", "kto", "reward", "rloo", "distill"]
 
 
 def parse(paths):

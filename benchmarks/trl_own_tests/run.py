@@ -1,6 +1,7 @@
 """Run TRL's trainer tests plain (trl classes) or swapped (trl_rapidfire RF classes), offline.
 
-  python run.py one   --flavour plain|rf  [--files sft,dpo,grpo] [--timeout 1500]
+  python run.py one   --flavour plain|rf  [--files sft,dpo,grpo,kto,reward,rloo,distill]
+                      [--timeout 2400] [-k EXPR]
       all tests of a file in ONE pytest process -> $WORK/results/one-<flavour>-<file>.xml
   python run.py fresh --flavour plain|rf  [--files ...] [--every K] [--offset O] [--timeout 240]
       every K-th test (by collection order, starting at O) in its own FRESH pytest process
@@ -19,6 +20,10 @@ FILES = {
     "sft": "tests/test_sft_trainer.py",
     "dpo": "tests/test_dpo_trainer.py",
     "grpo": "tests/test_grpo_trainer.py",
+    "kto": "tests/test_kto_trainer.py",
+    "reward": "tests/test_reward_trainer.py",
+    "rloo": "tests/test_rloo_trainer.py",
+    "distill": "tests/experimental/test_distillation_trainer.py",
 }
 ENV = dict(
     os.environ,
@@ -80,6 +85,19 @@ def collect(flavour, path):
     return [line.strip() for line in out.splitlines() if line.startswith(path + "::")]
 
 
+def node_id(classname, name):
+    """junit classname `tests.experimental.test_x.TestC` + name -> pytest node id."""
+    parts = classname.split(".")
+    mod = next(i for i, part in enumerate(parts) if part.startswith("test_"))
+    return "/".join(parts[: mod + 1]) + ".py::" + "::".join(parts[mod + 1 :] + [name])
+
+
+def junit_classname(nodeid):
+    """pytest node id -> junit classname (inverse of node_id, for a test killed by timeout)."""
+    path, *rest = nodeid.split("::")
+    return ".".join([path[: -len(".py")].replace("/", ".")] + rest[:-1])
+
+
 def one_process_passes(xml):
     import xml.etree.ElementTree as ET
 
@@ -87,8 +105,7 @@ def one_process_passes(xml):
     for tc in ET.parse(xml).getroot().iter("testcase"):
         if any(ch.tag in ("failure", "error", "skipped") for ch in tc):
             continue
-        parts = tc.get("classname").split(".")  # tests.test_x.TestClass
-        out.add("/".join(parts[:2]) + ".py::" + "::".join(parts[2:] + [tc.get("name")]))
+        out.add(node_id(tc.get("classname"), tc.get("name")))
     return out
 
 
@@ -96,7 +113,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["one", "fresh"])
     ap.add_argument("--flavour", choices=["plain", "rf"], required=True)
-    ap.add_argument("--files", default="sft,dpo,grpo")
+    ap.add_argument("--files", default="sft,dpo,grpo,kto,reward,rloo,distill")
+    ap.add_argument(
+        "-k",
+        dest="keyword",
+        default=None,
+        help="one mode: pytest -k expression; results go to one-<flavour>-<file>-k.xml so the "
+        "full-file results stay",
+    )
     ap.add_argument("--every", type=int, default=1)
     ap.add_argument("--offset", type=int, default=0)
     ap.add_argument("--timeout", type=int, default=None)
@@ -112,9 +136,10 @@ def main():
     for key in a.files.split(","):
         path = FILES[key]
         if a.mode == "one":
-            xml = res / f"one-{a.flavour}-{key}.xml"
-            log = res / f"one-{a.flavour}-{key}.log"
-            cmd = pytest_cmd(a.timeout or 2400, a.flavour, [path, f"--junitxml={xml}"])
+            stem = f"one-{a.flavour}-{key}" + ("-k" if a.keyword else "")
+            xml, log = res / f"{stem}.xml", res / f"{stem}.log"
+            extra = ["-k", a.keyword] if a.keyword else []
+            cmd = pytest_cmd(a.timeout or 2400, a.flavour, [path, f"--junitxml={xml}", *extra])
             with open(log, "w") as f:
                 rc = subprocess.run(
                     cmd, cwd=WORK / a.flavour, env=ENV, stdout=f, stderr=subprocess.STDOUT
@@ -139,7 +164,7 @@ def main():
                 )
                 if not xml.exists():  # killed by timeout: record it
                     name = nodeid.split("::")[-1]
-                    cls = ".".join(["tests", Path(path).stem] + nodeid.split("::")[1:-1])
+                    cls = junit_classname(nodeid)
                     msg = f"process exit {p.returncode} (timeout {a.timeout or 300}s?)"
                     xml.write_text(
                         f'<testsuites><testsuite><testcase classname="{cls}" name="{name}">'
