@@ -100,7 +100,7 @@ QUICK = {"benchmarks/overhead.py", "benchmarks/durability.py", "benchmarks/worke
          "benchmarks/time_to_best.py", "benchmarks/real_shape.py", "benchmarks/turn_costs.py",
          "benchmarks/scaling.py", "benchmarks/generation_eval.py", "benchmarks/tracking_scale.py",
          "benchmarks/panel_refresh.py", "benchmarks/policy_scale.py",
-         "benchmarks/first_metric.py"}
+         "benchmarks/first_metric.py", "benchmarks/kinds_steps.py"}
 OWN_SCRIPT = "my_experiment.py"  # the reader's script: the docs show it beside the command
 
 
@@ -192,11 +192,12 @@ def test_a_quick_doc_command_runs_as_written(command, tmp_path):
                                                     "benchmarks/tracking_scale.py",
                                                     "benchmarks/panel_refresh.py",
                                                     "benchmarks/policy_scale.py",
-                                                    "benchmarks/first_metric.py"}))
+                                                    "benchmarks/first_metric.py",
+                                                    "benchmarks/kinds_steps.py"}))
 def test_a_benchmarks_quick_run_works(script, tmp_path):
     # time_to_best's, turn_costs', scaling's, tracking_scale's, panel_refresh's,
-    # policy_scale's and first_metric's --quick runs have their own tests (tests/benchmarks/),
-    # which also check what they print.
+    # policy_scale's, first_metric's and kinds_steps' --quick runs have their own tests
+    # (tests/benchmarks/), which also check what they print.
     proc = subprocess.run([sys.executable, str(ROOT / script), "--quick"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT)))

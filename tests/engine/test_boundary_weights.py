@@ -86,8 +86,8 @@ def test_anything_but_whole_parameters_keeps_peft_walk():
 def test_an_adapter_saved_alone_matches_peft_with_every_adapter_known(tmp_path):
     """Saving shows PEFT only the adapters in the module tree (not the 511 detached ones), so
     its filter against other adapters' keys stays cheap; the files must be what PEFT writes
-    knowing every adapter. rf1's name is inside rf10's, whose modules_to_save copy keeps it
-    attached: the filter must still leave rf10's keys out of rf1's file."""
+    knowing every adapter. rf1's name is inside rf10's (with a modules_to_save copy), attached
+    beside it: the filter must still leave rf10's keys out of rf1's file."""
     from safetensors.torch import load_file
 
     from trl_rapidfire.trainers.adapter_files import save_adapter_alone
@@ -100,7 +100,8 @@ def test_an_adapter_saved_alone_matches_peft_with_every_adapter_known(tmp_path):
         group.add_adapter(adapter_name(i), lora, seed=i)
     group.activate("rf1")
     model = group.model
-    assert group.attached == {"rf1", "rf10"}  # the others are detached
+    assert group.attached == {"rf1"}  # the others are detached, rf10's lm_head copy too
+    group.attach("rf10")  # as an adapter is while its run is being cloned
     save_adapter_alone(model.save_pretrained, model, "rf1", group.attached, tmp_path / "alone")
     model.save_pretrained(str(tmp_path / "peft"), selected_adapters=["rf1"])
     ours = load_file(tmp_path / "alone" / "adapter_model.safetensors")
