@@ -182,14 +182,21 @@ def _train_and_steer(rf: RFSFTTrainer, gate: HeldRun, driver, panel: str, tmp_pa
     rf.train(blocking=False)
     try:
         _steer_in_panel(driver, panel, gate, screenshot)
-    except Exception:
+    except Exception as err:
         driver.save_screenshot(str(tmp_path / "failure.png"))
         (tmp_path / "failure.html").write_text(driver.page_source, encoding="utf-8")
+        # What the page showed goes with the failure: on a CI machine tmp_path is not kept.
+        with contextlib.suppress(Exception):
+            from selenium.webdriver.common.by import By
+
+            err.add_note("the page showed:\n" + driver.find_element(By.TAG_NAME, "body").text[:4000])
         # The steering's error is the one to see: the experiment is asked to stop at its
         # next boundary, and an error of its own here would only hide the first.
         gate.release.set()
         rf.engine.interrupted = True
-        with contextlib.suppress(Exception):
+        # BaseException: the stop asked for here ends wait() with the Ctrl-C exception (a
+        # KeyboardInterrupt), which would otherwise end the whole test session.
+        with contextlib.suppress(BaseException):
             rf.wait(timeout=300)
         raise
     gate.release.set()
