@@ -25,3 +25,10 @@ def pytest_runtest_call(item):
         if line is None:
             raise
         pytest.fail(f"training stopped as by Ctrl-C inside the test: {line}", pytrace=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests (servers, browsers, several processes, benchmarks' quick runs) run after
+    the fast ones: a plain ``python -m pytest`` shows the fast part's failures within minutes
+    instead of after the benchmarks (the order within each part is kept)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)

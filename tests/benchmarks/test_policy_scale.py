@@ -4,6 +4,8 @@ does."""
 
 from __future__ import annotations
 
+import pytest
+
 import importlib.util
 import re
 import sys
@@ -20,6 +22,7 @@ def _load():
     return module
 
 
+@pytest.mark.slow
 def test_quick_run_prints_each_policys_cost_and_ratio(capsys):
     bench = _load()
     assert bench.main(["--quick"]) == 0

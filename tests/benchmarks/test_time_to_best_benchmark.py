@@ -83,6 +83,7 @@ def test_eval_strategy_policy_falls_back_to_chunk_where_the_package_lacks_it(ben
     assert used == "chunk" and "not accepted" in note
 
 
+@pytest.mark.slow
 def test_quick_run_prints_every_figure_and_its_winner_equals_plain_trl(bench, tmp_path, capsys):
     out = tmp_path / "figures.json"
     assert bench.main(["--quick", "--json", str(out)]) == 0
@@ -141,6 +142,7 @@ def test_quick_run_with_peers_reports_each_peer_or_why_it_was_left_out(bench, tm
         assert "vs RF sh" in printed
 
 
+@pytest.mark.slow
 def test_quick_search_comparison_spends_the_budget_and_measures_each_method_within_it(
         bench, tmp_path):
     pytest.importorskip("optuna")
