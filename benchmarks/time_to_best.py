@@ -45,7 +45,7 @@ Repetitions: ``--repeats`` pairs, RF then baseline (B A B A), after an untimed w
 code paths (imports, MLflow's first use, each policy's first call); each side keeps its best.
 ``--peers`` also runs transformers' ``hyperparameter_search(backend="optuna")`` with Optuna's
 ``SuccessiveHalvingPruner`` and Ray Tune's ASHA on the same workload once per (N, chunks)
-(``time_to_best_peers.py``; ``pip install 'trl-rapidfire[bench]'``).
+(``time_to_best_peers.py``; ``pip install -e '.[bench]'``).
 
 The parts sit beside this file, loaded by :func:`sibling` (the benchmarks are no package):
 ``time_to_best_sweep.py`` (the shapes, their figures, the summary, the JSON),

@@ -120,7 +120,7 @@ def ray_asha(bench: ModuleType, sides: ModuleType, setup: dict[str, Any], out: s
         from ray.tune.search import BasicVariantGenerator
     except ImportError:
         return PeerOutcome("ray-asha", False, "ray[tune] is not installed (pip install "
-                                              "'trl-rapidfire[bench]')")
+                                              "'ray[tune]')")
     uri, _ = sides.new_store(f"{out}/store")
     steps, threads = setup["steps"], setup["threads"]
     model, chunk_steps = setup["model"], setup["chunk_steps"]  # what the trainable captures

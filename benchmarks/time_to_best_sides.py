@@ -156,7 +156,7 @@ def build_policy(name: str, setup: dict[str, Any]) -> tuple[Any, Any, Any, str]:
         try:
             import optuna
         except ImportError as err:
-            raise Unavailable("optuna: not installed (pip install 'trl-rapidfire[optuna]')") \
+            raise Unavailable("optuna: not installed (pip install optuna)") \
                 from err
         from trl_rapidfire import OptunaPruner, OptunaSearch
 

@@ -1,7 +1,7 @@
 """Let Optuna's TPE propose the configs while others train, and its pruner stop the losers.
 
 Offline, on a CPU (a tiny 2-layer Llama built locally and generated Q&A data, about 20 s on 2
-CPU cores; needs ``pip install 'trl-rapidfire[optuna]'``)::
+CPU cores; needs ``pip install optuna``)::
 
     HF_HUB_OFFLINE=1 python examples/sft_optuna_search.py
 

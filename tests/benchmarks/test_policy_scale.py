@@ -4,12 +4,12 @@ does."""
 
 from __future__ import annotations
 
-import pytest
-
 import importlib.util
 import re
 import sys
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "policy_scale.py"
 

@@ -66,4 +66,4 @@ def test_a_notebook_trains_in_the_background_and_its_runs_table_refreshes_in_pla
     stderr = "".join(o.get("text", "") for o in outputs
                      if o.output_type == "stream" and o.name == "stderr")
     assert "chunk/s]" in stderr
-    assert 'needs ipywidgets: pip install "trl-rapidfire[notebook]"' in stdout
+    assert 'needs ipywidgets: pip install ipywidgets' in stdout

@@ -123,7 +123,7 @@ def test_a_stop_button_queues_the_op_and_its_line_shows_the_answer():
 
 def test_without_ipywidgets_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets now fails
-    with pytest.raises(ImportError, match=re.escape('pip install "trl-rapidfire[notebook]"')):
+    with pytest.raises(ImportError, match=re.escape('pip install ipywidgets')):
         _panel(FakeTrainer())
 
 

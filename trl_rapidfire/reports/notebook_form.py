@@ -27,7 +27,8 @@ __all__ = ["INSTALL_HINT", "WARM_START", "AskedOp", "CloneForm", "PanelTrainer",
            "differing_knobs", "error_html", "knob_value", "muted_html", "parse_field",
            "widgets"]
 
-INSTALL_HINT = 'pip install "trl-rapidfire[notebook]"'
+# What works wherever the package came from (the extra needs a clone: pip install -e ".[notebook]").
+INSTALL_HINT = 'pip install ipywidgets'
 # The knob every person tunes first: always offered in the clone form.
 _ALWAYS_OFFERED = ("learning_rate",)
 # The fields of a config object knob offered one by one even where the runs share them: a

@@ -68,7 +68,7 @@ class OptunaSearch(AdaptiveSearch):
         parameter).
 
     Raises:
-        OptunaMissing: Optuna is not installed (``pip install 'trl-rapidfire[optuna]'``).
+        OptunaMissing: Optuna is not installed (``pip install optuna``).
     """
 
     def __init__(self, sampler: Any = None, *, num_runs: int, max_concurrent: int = 4,

@@ -1,8 +1,9 @@
 """Optuna, an optional dependency: imported only when an Optuna search or pruner is used.
 
-``pip install trl-rapidfire[optuna]`` installs it. Optuna logs each study it creates and each
-trial it is told at INFO level; :func:`quiet_optuna` keeps those lines out of the experiment's
-progress display while our own calls run (the tags, ``status`` and the report say it instead).
+``pip install optuna`` (from a clone: ``pip install -e '.[optuna]'``) installs it. Optuna logs
+each study it creates and each trial it is told at INFO level; :func:`quiet_optuna` keeps those
+lines out of the experiment's progress display while our own calls run (the tags, ``status``
+and the report say it instead).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def require_optuna(what: str) -> ModuleType:
         import optuna
     except ImportError as err:
         raise OptunaMissing(
-            f"{what} needs Optuna, which is not installed. Install the extra: "
-            "pip install 'trl-rapidfire[optuna]' (or pip install optuna)."
+            f"{what} needs Optuna, which is not installed. Install it: "
+            "pip install optuna (from a clone of trl-rapidfire: pip install -e '.[optuna]')."
         ) from err
     return optuna
 
