@@ -45,6 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared modules
+from step_clock import StepClock  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 KINDS = ("sft", "dpo", "grpo", "kto", "reward", "rloo", "distillation")
@@ -54,39 +57,6 @@ KINDS = ("sft", "dpo", "grpo", "kto", "reward", "rloo", "distillation")
 def quiet() -> Iterator[None]:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         yield
-
-
-def step_clocks() -> tuple[Any, Any]:
-    """A (begin, end) pair of callbacks sharing one clock: ``begin`` goes last in a trainer's
-    callback list, ``end`` first, so a step's time holds no other callback's work."""
-    from transformers import TrainerCallback
-
-    class Begin(TrainerCallback):
-        def __init__(self) -> None:
-            self.began = 0.0
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self.began = time.perf_counter()
-
-    class End(TrainerCallback):
-        def __init__(self, begin: Begin) -> None:
-            self.begin, self.seconds, self.steps = begin, 0.0, 0
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.seconds += time.perf_counter() - self.begin.began
-            self.steps += 1
-
-    begin = Begin()
-    return begin, End(begin)
-
-
-def clock_trainer(trainer: Any) -> Any:
-    """Put a step clock around ``trainer``'s steps; returns its ``End`` (seconds, steps)."""
-    begin, end = step_clocks()
-    callbacks = trainer.callback_handler.callbacks
-    callbacks.append(begin)
-    callbacks.insert(0, end)
-    return end
 
 
 def workload(kind: str, rows: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -155,7 +125,7 @@ def plain_side(kind: str, rates: list[float], rows: int, out: Path) -> Side:
             trainer = trainer_cls(model=tiny_model_path(), **arguments,
                                   args=config_cls(output_dir=str(folder), learning_rate=lr,
                                                   **config))
-        clock = clock_trainer(trainer)
+        clock = StepClock(trainer)
         began = time.perf_counter()
         with quiet():
             trainer.train()
@@ -176,7 +146,7 @@ def rf_side(kind: str, rates: list[float], rows: int, chunks: int, out: Path) ->
         trainer = trainer_cls(model=tiny_model_path(), **arguments,
                               args=config_cls(output_dir=str(out / "rf"), num_chunks=chunks,
                                               learning_rate=List(rates), **config))
-        clocks = [clock_trainer(trainer.run_trainer(f"run-{i}")) for i in range(len(rates))]
+        clocks = [StepClock(trainer.run_trainer(f"run-{i}")) for i in range(len(rates))]
     began = time.perf_counter()
     with quiet():
         trainer.train()

@@ -57,6 +57,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared modules
+from step_clock import StepClock, clock_rf_runs  # noqa: E402
+
 LEARNING_RATES = (1e-4, 3e-4, 1e-3, 3e-3)
 LORA_RANKS = (8, 16)
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -257,25 +260,6 @@ def _bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-# Seconds inside the RF runs' training steps, summed over every run (each run's trainer gets a
-# copy of the callback: the sum lives here, not on the copies).
-RF_IN_STEPS = {"seconds": 0.0}
-
-
-def rf_step_clock() -> Any:
-    """A callback adding each step's time (``on_step_begin`` to ``on_step_end``) to RF_IN_STEPS."""
-    from transformers import TrainerCallback
-
-    class Clock(TrainerCallback):
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            self.began = time.perf_counter()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            RF_IN_STEPS["seconds"] += time.perf_counter() - self.began
-
-    return Clock()
-
-
 def side_rf(args: argparse.Namespace, shape: Shape, out: Path) -> dict[str, Any]:
     from trl_rapidfire import List, RFSFTConfig, RFSFTTrainer
     from trl_rapidfire.shared_state.runs import RunStatus
@@ -294,9 +278,9 @@ def side_rf(args: argparse.Namespace, shape: Shape, out: Path) -> dict[str, Any]
             train_dataset=data,
             peft_config=List([tiny_lora_config(r=r, target_modules=TARGET_MODULES)
                               for r in LORA_RANKS]))
-        # Added after construction, so after each run's chunk callback: its on_step_begin
-        # runs once the run is resumed, and the step's time excludes the turns of others.
-        trainer.add_callback(rf_step_clock())
+        # Each run's own trainer, its chunk callback in it: the clock starts after the run's
+        # turn resumes, so a step's time excludes the turns of others (step_clock.py).
+        clocks = clock_rf_runs(trainer)
         watch = CheckpointWatch(out / ".rapidfire" / "checkpoints")
         t1 = time.perf_counter()
         trainer.train()
@@ -307,28 +291,15 @@ def side_rf(args: argparse.Namespace, shape: Shape, out: Path) -> dict[str, Any]
             raise RuntimeError(f"RF {run.name} {knobs} ended {run.status}: {run.error}")
     engine = {k: getattr(trainer.engine.stats, k) for k in ("compute", "switching", "turns")}
     return {"begin": begin, "total": t2 - t0, "construct": t1 - t0, "train": t2 - t1,
-            "in_steps": RF_IN_STEPS["seconds"],
+            "in_steps": sum(c.seconds for c in clocks),
             "engine": engine, "checkpoints": watch.report(trainer.engine.stats),
             **gpu.report(t2 - t0)}
 
 
 def side_seq(args: argparse.Namespace, shape: Shape, out: Path) -> dict[str, Any]:
-    from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     from trl_rapidfire.testing import tiny_lora_config
-
-    class StepClock(TrainerCallback):  # reads the clock only: no RNG, no state
-        def __init__(self) -> None:
-            self.ends: dict[int, float] = {}
-            self.in_steps, self._began = 0.0, 0.0
-
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            self._began = time.perf_counter()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            self.ends[state.global_step] = time.time()
-            self.in_steps += time.perf_counter() - self._began
 
     data, path = dataset(shape, args.steps * args.batch), model_path(shape)
     gpu = GpuBusy(args.device)
@@ -336,16 +307,17 @@ def side_seq(args: argparse.Namespace, shape: Shape, out: Path) -> dict[str, Any
     with quiet():
         begin, t0 = time.time(), time.perf_counter()
         for i, (lr, r) in enumerate(grid(args.quick)):
-            run_dir, clock = out / f"run-{i}", StepClock()
+            run_dir = out / f"run-{i}"
             trainer = SFTTrainer(
                 model=path,
                 args=SFTConfig(output_dir=str(run_dir), learning_rate=lr,
                                **training_kwargs(args, shape)),
-                train_dataset=data, callbacks=[clock],
+                train_dataset=data,
                 peft_config=tiny_lora_config(r=r, target_modules=TARGET_MODULES))
+            clock = StepClock(trainer)  # the same clock as RF's runs
             trainer.train()
             trainer.save_model(str(run_dir / "final"))
-            configs.append({"step_ends": clock.ends, "in_steps": clock.in_steps})
+            configs.append({"step_ends": clock.ends, "in_steps": clock.seconds})
             del trainer
         total = time.perf_counter() - t0
     return {"begin": begin, "total": total, "configs": configs, **gpu.report(total)}
