@@ -189,7 +189,8 @@ def _train_and_steer(rf: RFSFTTrainer, gate: HeldRun, driver, panel: str, tmp_pa
         with contextlib.suppress(Exception):
             from selenium.webdriver.common.by import By
 
-            err.add_note("the page showed:\n" + driver.find_element(By.TAG_NAME, "body").text[:4000])
+            shown = driver.find_element(By.TAG_NAME, "body").text
+            err.add_note("the page showed:\n" + shown[:4000])
         # The steering's error is the one to see: the experiment is asked to stop at its
         # next boundary, and an error of its own here would only hide the first.
         gate.release.set()
