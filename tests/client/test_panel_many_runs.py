@@ -158,6 +158,14 @@ def test_the_filters_narrow_the_table_and_the_curves(panel):
     want = [i for i in [5, *range(50, 60)] if i % 3 == 2]
     _wait(driver, lambda d: _shown(d) == (len(want), len(want)), "r=16 and run-5*")
     box.clear()
+    # key=value is the knob's value, numbers as numbers: run i's rate is 10 ** -(2 + i % 4),
+    # and "0.001" is neither 0.0001 nor 1e-05 (once a substring of both).
+    box.send_keys("learning_rate=0.001")
+    _wait(driver, lambda d: _shown(d) == (RUNS // 4, RUNS // 4), "the runs of rate 1e-3")
+    box.clear()
+    box.send_keys("learning_rate=1e-3")
+    _wait(driver, lambda d: _shown(d) == (RUNS // 4, RUNS // 4), "1e-3 as a number")
+    box.clear()
     box.send_keys(" ")
     _wait(driver, lambda d: _shown(d) == (RUNS, RUNS), "all runs again")
     failed = driver.find_element("css selector", "#status-filters input[data-status='failed']")

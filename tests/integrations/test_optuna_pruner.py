@@ -205,7 +205,7 @@ def test_bad_settings_are_clear_errors(make, error, match):
 def test_without_optuna_the_error_names_the_extra(monkeypatch):
     pruner = P.MedianPruner()
     monkeypatch.setitem(sys.modules, "optuna", None)  # `import optuna` raises ImportError
-    with pytest.raises(OptunaMissing, match=r"trl-rapidfire\[optuna\]"):
+    with pytest.raises(OptunaMissing, match=r"pip install optuna .*pip install -e '\.\[optuna\]'"):
         OptunaPruner(pruner)
 
 

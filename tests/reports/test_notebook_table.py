@@ -68,7 +68,7 @@ def test_each_row_holds_its_cells_and_buttons_and_a_lora_config_by_the_field_tha
 def test_filters_by_text_and_status_narrow_the_rows_and_the_curves(panel):
     table = panel.table
     first = panel.plot.value
-    assert table.shown == ["run-0", "run-1", "run-2"]
+    assert table.shown == ["run-1", "run-2", "run-0"]  # best first (by loss: none evaluated)
     table.filter.value = "0.003"  # every word in a run's name or knob values
     assert table.shown == ["run-1", "run-2"]
     assert panel.rows["run-0"].widget.layout.display == "none"
@@ -81,7 +81,7 @@ def test_filters_by_text_and_status_narrow_the_rows_and_the_curves(panel):
     assert table.shown == ["run-2"]
     assert panel.rows["run-2"].widget.layout.display == ""
     table.statuses["running"].value = True
-    assert table.shown == ["run-0", "run-1", "run-2"] and table.count.value == ""
+    assert table.shown == ["run-1", "run-2", "run-0"] and table.count.value == ""
 
 
 def test_the_clone_form_edits_a_lora_config_field_by_field_and_says_what_warm_keeps(panel):
@@ -147,3 +147,16 @@ def test_finished_preprocessing_bars_are_collapsed_and_can_be_shown(panel):
     panel.show_bars.value = True
     assert bars["Tokenizing train dataset"].container.layout.display != "none"
     bars["Truncating eval dataset"].close()
+
+
+def test_a_key_value_word_matches_the_knobs_value_not_a_longer_number():
+    from trl_rapidfire.reports.notebook_rows import filter_word_matches
+
+    pairs = [("learning_rate", "0.00102"), ("peft_config.r", "16")]
+    assert not filter_word_matches("learning_rate=0.001", "run-0", pairs)  # once a substring
+    assert filter_word_matches("learning_rate=0.00102", "run-0", pairs)
+    assert filter_word_matches("learning_rate=1.02e-3", "run-0", pairs)  # as numbers
+    assert filter_word_matches("r=16", "run-0", pairs)  # the field of a knob's object
+    assert not filter_word_matches("r=1", "run-0", pairs)
+    assert filter_word_matches("0.001", "run-0", pairs)  # a plain word: anywhere in the text
+    assert filter_word_matches("run-", "run-0", pairs)

@@ -5,7 +5,8 @@ Commands:
   version                 print the versions of trl-rapidfire and the stack under it
   dashboard               start the MLflow UI on 127.0.0.1 for the store in use
   status                  a table of the runs of an experiment
-  stop|resume|delete RUN  control ops (applied by the experiment at its next chunk boundary)
+  stop|resume|delete RUN  control ops (applied at the run's next chunk boundary, or at the
+                          next train() of a finished experiment; else refused, with why)
   clone RUN --set K=V     a new run from RUN's knobs plus overrides (--warm: from its weights)
   report OUTPUT_DIR       PNG plots and a markdown summary of an experiment (--out DIR)
   doctor                  before a long run: the stack, devices, accelerate, disk, tracking
@@ -166,7 +167,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from .status import show_status
 
     return show_status(args.output_dir, full=args.full, untracked=_untracked(args),
-                       where=_where(args))
+                       where=_where(args), sort=args.sort, top=args.top)
 
 
 def _cmd_op(args: argparse.Namespace) -> int:
@@ -189,12 +190,14 @@ def _cmd_op(args: argparse.Namespace) -> int:
     sent = deliver_op(args.run, op, next_run=args.next_run, **_where(args))
     if sent.replaced is not None:
         print(f"warning: {replaced_warning(args.run, sent.replaced, op)}", file=sys.stderr)
-    when = "at its next chunk boundary" if sent.training else "when its script trains again"
-    if sent.run_id is None:  # an untracked experiment: the op is a file in its folder
-        print(f"{args.run}: {op} left in {sent.target}; it applies {when} (see "
-              f"`trl-rapidfire status --dir {args.output_dir}`)")
+    # Said only of an op that will be applied: one the experiment could not apply was
+    # refused above (deliver_op), with why.
+    if sent.run_id is None:  # a file in the experiment's inbox
+        print(f"{args.run}: {op} left in {sent.target}; it applies {sent.applies} (its "
+              f"answer: {os.path.join(str(sent.folder), 'ops.csv')}, and `trl-rapidfire "
+              f"status --dir {sent.folder}`)")
     else:
-        print(f"{args.run}: {op} sent to {sent.target}; it applies {when} (see "
+        print(f"{args.run}: {op} sent to {sent.target}; it applies {sent.applies} (see "
               "`trl-rapidfire status`)")
     return 0
 
@@ -237,8 +240,9 @@ def _add_where(p: argparse.ArgumentParser, *, op: bool = False) -> None:
     p.add_argument("--uri", help="tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
     if op:
         p.add_argument("--next-run", action="store_true",
-                       help="send the op to an experiment that is not training: it waits "
-                       "for the script's next train()")
+                       help="send the op to an experiment that is not training: the "
+                       "script's next train() applies it (one it could not apply is refused "
+                       "now)")
 
 
 # Adds commands to the command line's subparsers (what a layer above the client contributes).
@@ -281,6 +285,12 @@ def build_parser(extra: Sequence[CommandRegistrar] = ()) -> argparse.ArgumentPar
     p.add_argument("--full", action="store_true",
                    help=f"op texts whole (by default cut to {OP_CHARS} characters) and every "
                    "knob that differs between the runs, values whole")
+    p.add_argument("--sort", metavar="METRIC",
+                   help="sort the runs by this logged metric, best first (lower is better for "
+                   "names ending in loss, else higher; `run`: in run order); default: the "
+                   "experiment's ranking metric (its policy's, else metric_for_best_model, "
+                   "else eval_loss or loss)")
+    p.add_argument("--top", type=int, metavar="K", help="only the first K runs")
     p.set_defaults(func=_cmd_status)
     for verb, text in (("stop", "stop RUN (state kept, resumable)"),
                        ("resume", "put a stopped RUN back into the rotation"),
@@ -307,8 +317,9 @@ def build_parser(extra: Sequence[CommandRegistrar] = ()) -> argparse.ArgumentPar
     )
     p.add_argument("output_dir", metavar="OUTPUT_DIR", help="the experiment's output_dir")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the report to")
-    p.add_argument("--metric", default="eval_loss",
-                   help="metric to plot and rank by (default eval_loss; lower is better for "
+    p.add_argument("--metric",
+                   help="metric to plot and rank by (default: the experiment's ranking metric, "
+                   "as status and the panel rank by; else eval_loss; lower is better for "
                    "names ending in loss, else higher); two, comma-separated (e.g. "
                    "eval_loss,eval_accuracy), also draw their Pareto front (pareto.png) and "
                    "rank by the first")

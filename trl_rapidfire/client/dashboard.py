@@ -3,16 +3,11 @@ store in use, with trl-rapidfire's control panel (buttons to stop, resume, delet
 runs: :mod:`.panel_app`, MLflow's app plugin) on the same host and port, opened where the runs
 are, and stopped with everything it started.
 
-Where it opens. MLflow 3.17's UI picks its mode from the ``workflowType`` URL parameter (else
-the browser's saved choice, else ``genai``), not from the experiment tag
-``mlflow.experimentKind``: an experiment opened plainly lands on the GenAI overview ("Traces
-0"), even when tagged ``custom_model_development``. And its runs table nests child runs under
-their parent, collapsed, unless the table is filtered and sorted by something other than the
-start time (the UI then fetches no parents, and child runs are rows of their own). So the
-dashboard writes, into each MLflow experiment holding trl-rapidfire runs, a saved view (an
-experiment tag, as the UI's own "Views" menu writes them) that filters the child runs, sorts
-them by name and shows the knobs that differ first, then their status, progress and losses,
-and prints :func:`runs_url`, which opens that view in "Model training" mode.
+Where it opens: the saved view of MLflow's runs table (:mod:`.mlflow_view`: the child runs
+flat, best first by the experiment's ranking metric, the knobs that differ first), written
+into each MLflow experiment holding trl-rapidfire runs before the server starts and into each
+new one while it serves; the dashboard prints :func:`runs_url`, which opens that view in
+"Model training" mode.
 
 Quiet. ``mlflow server`` says a few things at every start that tell a person nothing here
 (the registry store it defaults to, its localhost-only security defaults, starlette's
@@ -34,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import json
 import os
 import signal
 import socket
@@ -43,10 +37,20 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlencode, urlparse
+from urllib.parse import quote, unquote, urlparse
+
+# The saved view lives in mlflow_view.py; its names stay importable from here.
+from .mlflow_view import (
+    VIEW_ID,
+    VIEW_NAME,
+    ensure_all_views,
+    ensure_runs_view,
+    runs_url,
+    runs_view_state,
+)
 
 __all__ = [
     "VIEW_ID",
@@ -61,24 +65,9 @@ __all__ = [
     "stop_server",
 ]
 
-VIEW_ID = "trl-rapidfire"
-VIEW_NAME = "trl-rapidfire runs"
-# Where MLflow 3.17's UI keeps saved views (experiment tags) and the URL parameter opening one.
-_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
-_VIEW_PARAM = "viewStateShareKey"
-# "Model training" in the UI's GenAI / Model training switch.
-_WORKFLOW = {"workflowType": "machine_learning"}
-_MAX_KNOB_COLUMNS = 8
 _STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGHUP")
                       if hasattr(signal, s))
 _GRACE = 15.0  # seconds the server gets to stop on SIGTERM before it is killed
-
-
-def runs_url(base_url: str, experiment_id: str) -> str:
-    """The runs table of MLflow experiment ``experiment_id``, in "Model training" mode, through
-    the trl-rapidfire saved view (:func:`ensure_runs_view` writes it; the dashboard does)."""
-    query = urlencode({**_WORKFLOW, _VIEW_PARAM: VIEW_ID})
-    return f"{base_url.rstrip('/')}/#/experiments/{quote(str(experiment_id), safe='')}/runs?{query}"
 
 
 def panel_url(base_url: str, experiment_id: str | None = None, rf_experiment: str | None = None
@@ -93,90 +82,7 @@ def panel_url(base_url: str, experiment_id: str | None = None, rf_experiment: st
     return f"{base_url.rstrip('/')}{PANEL_PATH}" + (f"#{where}" if where else "")
 
 
-def _link_panel(client: Any, experiment_id: str) -> None:
-    """Link MLflow's experiment page to the panel: its description (``mlflow.note.content``,
-    shown above the runs table) gets a link, unless a person wrote a description of their
-    own."""
-    from .panel_app import PANEL_PATH
-
-    key = "mlflow.note.content"
-    note = (f"[trl-rapidfire control panel]({PANEL_PATH}#/{experiment_id}): stop, resume, "
-            "delete and clone runs with buttons.")
-    old = client.get_experiment(experiment_id).tags.get(key)
-    if old is None or (old.startswith("[trl-rapidfire control panel]") and old != note):
-        client.set_experiment_tag(experiment_id, key, note)
-
-
-def runs_view_state(knobs: Sequence[str] = ()) -> dict[str, Any]:
-    """The saved view's state: the runs table's search facets and columns.
-
-    A filter and a sort other than the start time, together, are what make the UI list child
-    runs flat: with either missing it fetches their parent run and folds them under it.
-
-    The column order puts the knobs that differ first, then the status, progress and losses:
-    the table draws only the columns in sight, and the UI's default order (metrics, params,
-    tags) pushes what tells the runs apart off the screen. MLflow 3.17's runs table applies
-    the view's ``columnOrder`` to the columns it lists (``applyColumnState`` with
-    ``applyOrder``) after its fixed ones (the run's name and its start time), whatever group
-    (params, metrics, tags) each belongs to; ``selectedColumns`` says which are shown.
-    """
-    from ..tracking.tags import OP_RESULT_TAG, OP_TAG, PROGRESS_TAG, ROLE_TAG, STATUS_TAG
-
-    columns = [*(f"params.`{k}`" for k in knobs), f"tags.`{STATUS_TAG}`",
-               f"tags.`{PROGRESS_TAG}`", "metrics.`loss`", "metrics.`eval_loss`",
-               f"tags.`{OP_TAG}`", f"tags.`{OP_RESULT_TAG}`"]
-    return {
-        "searchFilter": f"tags.`{ROLE_TAG}` = 'run'",
-        "orderByKey": "tags.`mlflow.runName`",
-        "orderByAsc": True,
-        "startTime": "ALL",
-        "lifecycleFilter": "Active",
-        "datasetsFilter": [],
-        "modelVersionFilter": "All Runs",
-        "selectedColumns": columns,
-        "columnOrder": columns,
-    }
-
-
-def _knobs(runs: Sequence[Any]) -> list[str]:
-    """The params that are the knobs of the sweep and differ between ``runs`` (the rule of
-    every runs table: :func:`~.experiments.tracked_knobs`, then
-    :func:`~trl_rapidfire.reports.display.differing_keys`)."""
-    from ..reports.display import differing_keys
-    from ..reports.knob_fields import expand_knobs
-    from .experiments import tracked_knobs
-
-    params = [run.data.params for run in runs]
-    rows, names = tracked_knobs(params, [run.data.tags for run in runs])
-    if names is None:
-        # A LoRA config that differs in one field is that field's column (its own param,
-        # trainers/run_builder.py), not a long description cut where the difference hides;
-        # runs logged before those params existed keep the whole knob.
-        expanded = expand_knobs(rows)
-        if all(k in p for row, p in zip(expanded, params) for k in row):
-            rows = expanded
-    return differing_keys(rows, names)[:_MAX_KNOB_COLUMNS]
-
-
-def ensure_runs_view(client: Any, experiment_id: str) -> None:
-    """Write (or bring up to date) the trl-rapidfire saved view of an MLflow experiment: the tag
-    ``mlflow.sharedViewState.trl-rapidfire``, in the envelope the UI's "Views" menu writes, so
-    it is listed there too and a person can leave it or delete it like their own."""
-    from ..tracking.tags import ROLE_TAG
-
-    runs = client.search_runs([experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'run'",
-                              max_results=1000)
-    state = json.dumps(runs_view_state(_knobs(runs)), sort_keys=True)
-    key = _VIEW_TAG_PREFIX + VIEW_ID
-    old = client.get_experiment(experiment_id).tags.get(key)
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
-        if old is not None and json.loads(old).get("state") == state:
-            return  # as it is: no write, and its creation time stays
-    envelope = {"name": VIEW_NAME, "createdAt": int(time.time() * 1000), "state": state}
-    client.set_experiment_tag(experiment_id, key, json.dumps(envelope))
-
-
-def landing_url(uri: str, base_url: str) -> str:
+def landing_url(uri: str, base_url: str, done: dict[str, int] | None = None) -> str:
     """Where the dashboard sends a person: :func:`runs_url` of the newest trl-rapidfire
     experiment in the store (its view written first), else ``base_url``."""
     from mlflow import MlflowClient
@@ -186,13 +92,28 @@ def landing_url(uri: str, base_url: str) -> str:
     found = list_experiments(uri=uri)  # newest first
     if not found:
         return base_url
-    client = MlflowClient(uri)
     # Every MLflow experiment holding trl-rapidfire runs gets the view, for a person who
     # moves from the newest one to an older one in the UI.
-    for experiment_id in dict.fromkeys(e.experiment_id for e in found):
-        ensure_runs_view(client, experiment_id)
-        _link_panel(client, experiment_id)
+    ensure_all_views(MlflowClient(uri), found, {} if done is None else done)
     return runs_url(base_url, found[0].experiment_id)
+
+
+_VIEWS_EVERY = 5.0  # seconds between two looks for experiments without the view
+
+
+def _keep_views(uri: str, stop: threading.Event, done: dict[str, int]) -> None:
+    """While the server serves: each experiment trained meanwhile (or whose runs were not all
+    registered yet) gets the saved view, so that its runs table opens on it too; ``done``:
+    what the views were made from (:func:`~.mlflow_view.ensure_all_views`)."""
+    from mlflow import MlflowClient
+
+    from .experiments import list_experiments
+
+    client = MlflowClient(uri)
+    while not stop.wait(_VIEWS_EVERY):
+        # A store busy with training, or a view MLflow refuses: asked again at the next look.
+        with contextlib.suppress(Exception):
+            ensure_all_views(client, list_experiments(uri=uri), done)
 
 
 def local_store_path(uri: str) -> Path | None:
@@ -406,6 +327,8 @@ def serve(uri: str, port: int = 5000, *, create: bool = False, verbose: bool = F
             "an empty one")
     _check_port(port)
     base_url = f"http://127.0.0.1:{port}"
+    viewed: dict[str, int] = {}  # what each experiment's saved view was made from
+    views_stop = threading.Event()
     with _stop_signals() as state:
         proc = None
         try:
@@ -415,7 +338,7 @@ def serve(uri: str, port: int = 5000, *, create: bool = False, verbose: bool = F
 
             ensure_schema(uri)
             try:
-                url = landing_url(uri, base_url)
+                url = landing_url(uri, base_url, viewed)
             except Exception as err:  # noqa: BLE001 - the view is a convenience, the UI is not
                 _say(f"(the runs view could not be written: {' '.join(str(err).split())[:300]})")
                 url = base_url
@@ -448,10 +371,13 @@ def serve(uri: str, port: int = 5000, *, create: bool = False, verbose: bool = F
             note = "" if url != base_url else "no trl-rapidfire experiment in the store yet; "
             _say(f"MLflow UI: {url}  ({note}Ctrl-C to stop)")
             _say(f"Control panel: {panel_url(base_url)}")
+            threading.Thread(target=_keep_views, args=(uri, views_stop, viewed),
+                             name="rapidfire-dashboard-views", daemon=True).start()
             return proc.wait() or 0
         except _Stop:
             return 0
         finally:
+            views_stop.set()
             state["stopping"] = True
             if proc is not None:
                 stop_server(proc)

@@ -44,6 +44,8 @@ class Experiment:
         state: ``training``, ``finished``, ``failed``, ``killed``, or ``not responding`` (its
             process stopped answering: killed outright, or its machine lost).
         last_seen: Unix time of its last heartbeat (``None`` before heartbeats existed).
+        process_gone: the process that trained it last ran on this machine and has ended
+            (so its next ``train()`` is another process's, which has only what is on disk).
     """
 
     uri: str
@@ -53,6 +55,7 @@ class Experiment:
     name: str
     state: str = "finished"
     last_seen: float | None = None
+    process_gone: bool = False
 
     @property
     def training(self) -> bool:
@@ -98,8 +101,9 @@ def _catalog(uri: str | None) -> RunCatalog:
     uri = uri or resolve_tracking_uri()
     path = sqlite_path(uri)
     if path is not None and not path.exists():
-        raise LookupError(f"no MLflow store at {uri}; set MLFLOW_TRACKING_URI or run from the "
-                          "folder that holds mlflow.db")
+        raise LookupError(f"no MLflow store at {uri} ({path} does not exist); set "
+                          "MLFLOW_TRACKING_URI or --uri, or run from the folder that holds "
+                          "mlflow.db")
     return open_catalog(uri)
 
 
@@ -152,7 +156,8 @@ def list_experiments(
     for run in runs:
         state, seen = _state(run, now)
         found.append(Experiment(catalog.uri, run.experiment_id, run.tags[EXPERIMENT_TAG],
-                                run.run_id, names[run.experiment_id], state, seen))
+                                run.run_id, names[run.experiment_id], state, seen,
+                                process_gone=_gone_here(run)))
     return found
 
 

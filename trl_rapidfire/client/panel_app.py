@@ -29,10 +29,13 @@ Both take small JSON bodies only (bounded before parsing) and never touch the st
 And reads of the store, in place of MLflow's ``runs/search`` (which answers every run's whole
 config): ``/rapidfire/api/runs`` (``GET ?experiment=<id>&rfid=<id>``, or ``POST`` with those
 and what the page holds), an experiment's runs as the table and curves need them, only what
-moved since the page's last refresh (:mod:`.panel_runs`); and ``GET /rapidfire/api/why``
-(same query), each knob's importance for the loss and the knobs as parallel axes
-(:mod:`.panel_why`). A bad query is ``400`` with ``{"error"}``. Nothing the plugin adds can
-write: the panel's ops go through MLflow's own ``runs/set-tag``.
+moved since the page's last refresh (:mod:`.panel_runs`); ``GET /rapidfire/api/why`` (same
+query, and the ``metric`` ranked by), each knob's importance for that metric and the knobs as
+parallel axes (:mod:`.panel_why`); and ``GET /rapidfire/api/view`` (same query), the saved
+view of MLflow's runs table for that experiment (:mod:`.mlflow_view`), which the page sets
+through MLflow's own ``experiments/set-experiment-tag`` where it is missing. A bad query is
+``400`` with ``{"error"}``. Nothing the plugin adds can write: the panel's ops and the view go
+through MLflow's own REST API.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ PANEL_PATH = "/rapidfire/"
 _JS = "text/javascript; charset=utf-8"
 _FILES = {"index.html": "text/html; charset=utf-8", "panel.css": "text/css; charset=utf-8",
           "panel.js": _JS, "panel_curves.js": _JS, "panel_table.js": _JS, "panel_clone.js": _JS,
-          "panel_why.js": _JS}
+          "panel_why.js": _JS, "panel_rank.js": _JS}
 _MAX_BODY = 16 * 1024
 _MAX_OP = 5000
 _MAX_FIELDS = 200
@@ -122,6 +125,7 @@ def panel_blueprint(store: Any = None) -> Any:
     the tracking store ``/api/runs`` reads (default: the one the server serves)."""
     from flask import Blueprint, Response, abort, request
 
+    from .mlflow_view import view_answer
     from .panel_runs import MAX_HELD, parse_query, runs_answer
     from .panel_why import why_answer
 
@@ -183,6 +187,10 @@ def panel_blueprint(store: Any = None) -> Any:
     @blueprint.get("/api/why")
     def why() -> Response:
         return read(why_answer)
+
+    @blueprint.get("/api/view")
+    def view() -> Response:
+        return read(view_answer)
 
     return blueprint
 

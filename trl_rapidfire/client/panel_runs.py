@@ -7,8 +7,10 @@ runs. ``POST /rapidfire/api/runs`` ``{"experiment": <MLflow id>, "rfid": <trl-ra
 id>, "held": ...}`` (or ``GET`` with those in its query string; :func:`runs_answer`) reads the
 store the server serves (``mlflow.server.handlers``'s own tracking store) and answers:
 
-- ``runs``: per run its name, MLflow status, the ``rapidfire.*`` tags the table shows, its
-  latest ``loss`` and ``eval_loss`` ([value, step]), and, the first time the page sees it,
+- ``runs``: per run its name, MLflow status, the ``rapidfire.*`` tags the table shows (the
+  experiment's ranking metric among them, ``rapidfire.ranking``: :mod:`..reports.ranking`), its
+  latest ``loss`` and ``eval_loss`` ([value, step]), the trainer kind's own metric and the
+  ranking metric where logged, and, the first time the page sees it,
   ``params``: its knobs only (named by its ``rapidfire.knobs`` tag; a run tracked before that
   tag gives all its params), a knob holding a config object expanded to dotted fields;
 - ``points``: the ``loss`` points logged since the page's last refresh (at most
@@ -40,6 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..reports.kind_metrics import KIND_METRICS
+from ..reports.ranking import RANKING_TAG, recorded_ranking
 
 __all__ = ["LEAN_TAGS", "MAX_HELD", "MAX_POINTS", "RunsQuery", "expanded", "knob_names",
            "parse_held", "parse_query", "reader_for", "runs_answer"]
@@ -47,7 +50,7 @@ __all__ = ["LEAN_TAGS", "MAX_HELD", "MAX_POINTS", "RunsQuery", "expanded", "knob
 # The tags a row shows; everything else of a run stays in the store.
 LEAN_TAGS = ("rapidfire.run", "rapidfire.status", "rapidfire.progress", "rapidfire.op",
              "rapidfire.op.result", "rapidfire.op.seq", "rapidfire.knobs", "rapidfire.parent",
-             "rapidfire.warm_start")
+             "rapidfire.warm_start", RANKING_TAG)
 _SHOWN = ("loss", "eval_loss")  # every row has these (None: not logged yet)
 # A trainer kind's own metric (a reward model's accuracy, a policy's reward): in a row when
 # logged, its column shown beside the losses (reports/kind_metrics.py).
@@ -62,16 +65,20 @@ _BATCH = 500  # ids in one IN (...) list, under sqlite's variable limit
 _EXPERIMENT_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
 _RFID = re.compile(r"^[0-9a-f]{8,64}$")
 _HELD = re.compile(r"^[0-9a-f]{16}[0-9a-f]{0,12}$")
+_METRIC = re.compile(r"^[A-Za-z0-9_./-]{1,120}$")  # MLflow's metric names, bounded
 
 
 class RunsQuery:
     """A checked query: the MLflow experiment id, the trl-rapidfire experiment id, and what
     the page holds (``None``: a first refresh): by run id prefix, its row's ``v`` and the step
-    of its last loss point (``-1``: none)."""
+    of its last loss point (``-1``: none). The "why" view's also the metric the page ranks by
+    and its ``mode`` (``None``: the experiment's ranking metric)."""
 
     def __init__(self, experiment: str, rfid: str,
-                 held: dict[str, tuple[str, int]] | None) -> None:
+                 held: dict[str, tuple[str, int]] | None, metric: str | None = None,
+                 mode: str | None = None) -> None:
         self.experiment, self.rfid, self.held = experiment, rfid, held
+        self.metric, self.mode = metric, mode
 
 
 def parse_held(text: str) -> dict[str, tuple[str, int]]:
@@ -96,17 +103,22 @@ def parse_held(text: str) -> dict[str, tuple[str, int]]:
 def parse_query(args: Mapping[str, Any]) -> RunsQuery:
     """The route's query (its query string, or its JSON body), checked; ``ValueError`` for
     anything else."""
-    unknown = set(args) - {"experiment", "rfid", "held"}
+    unknown = set(args) - {"experiment", "rfid", "held", "metric", "mode"}
     if unknown:
         raise ValueError(f"unknown parameter {sorted(unknown)[0][:40]!r}")
     experiment, rfid, held = args.get("experiment"), args.get("rfid"), args.get("held")
+    metric, mode = args.get("metric"), args.get("mode")
+    if metric is not None and (not isinstance(metric, str) or not _METRIC.match(metric)):
+        raise ValueError("'metric' must be a logged metric's name")
+    if mode not in (None, "min", "max"):
+        raise ValueError("'mode' must be 'min' or 'max'")
     if not isinstance(experiment, str) or not _EXPERIMENT_ID.match(experiment):
         raise ValueError("'experiment' must be an MLflow experiment id")
     if not isinstance(rfid, str) or not _RFID.match(rfid):
         raise ValueError("'rfid' must be a trl-rapidfire experiment id (8-64 hex digits)")
     if held is not None and not isinstance(held, str):
         raise ValueError("'held' must be text")
-    return RunsQuery(experiment, rfid, None if held is None else parse_held(held))
+    return RunsQuery(experiment, rfid, None if held is None else parse_held(held), metric, mode)
 
 
 def _digest(row: Mapping[str, Any]) -> str:
@@ -193,7 +205,14 @@ def _row(run_id: str, name: str, status: str, tags: dict[str, str],
     return {"id": run_id, "name": tags.get("rapidfire.run") or name or run_id,
             "mlflow_status": status, "tags": tags,
             **{m: metrics.get(m) for m in _SHOWN},
-            **{m: metrics[m] for m in _KIND if m in metrics}}
+            **{m: metrics[m] for m in metrics if m not in _SHOWN}}
+
+
+def _metric_keys(tags: Iterable[Mapping[str, str]]) -> list[str]:
+    """The metrics a row holds: the losses, a trainer kind's own, and the experiment's
+    ranking metric as its runs' tags record it (any logged key: ``eval_bleu``)."""
+    ranking = recorded_ranking(tags)
+    return list(dict.fromkeys((*_METRICS, *(ranking.keys if ranking else ()))))
 
 
 def _batches(items: Sequence[str]) -> Iterable[Sequence[str]]:
@@ -234,7 +253,8 @@ class _SqlReader:
         metrics: dict[str, dict[str, list[Any]]] = {}
         for run_id, key, value, step, is_nan in self._all(
                 "SELECT run_uuid, key, value, step, is_nan FROM latest_metrics WHERE key IN :keys"
-                f" AND run_uuid IN ({ours})", ("keys",), keys=list(_METRICS), **binds):
+                f" AND run_uuid IN ({ours})", ("keys",), keys=_metric_keys(tags.values()),
+                **binds):
             metrics.setdefault(run_id, {})[key] = [None if is_nan else value, step]
         return [_row(r[0], r[1], r[2], tags[r[0]], metrics.get(r[0], {})) for r in runs]
 
@@ -308,14 +328,15 @@ class _StoreReader:
             if not token:
                 break
         self._runs = {r.info.run_id: r for r in found}
+        keys = set(_metric_keys(r.data.tags for r in found))
         return [_row(r.info.run_id, r.info.run_name, r.info.status,
                      {k: v for k, v in r.data.tags.items() if k in LEAN_TAGS},
-                     {m.key: [_number(m.value), m.step] for m in self._latest(r)})
+                     {m.key: [_number(m.value), m.step] for m in self._latest(r, keys)})
                 for r in found]
 
     @staticmethod
-    def _latest(run: Any) -> list[Any]:
-        return [m for m in getattr(run.data, "_metric_objs", []) if m.key in _METRICS]
+    def _latest(run: Any, keys: set[str]) -> list[Any]:
+        return [m for m in getattr(run.data, "_metric_objs", []) if m.key in keys]
 
     def params(self, names: Mapping[str, list[str] | None]) -> dict[str, dict[str, str]]:
         """As :meth:`_SqlReader.params`."""

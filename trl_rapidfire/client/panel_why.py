@@ -3,9 +3,11 @@ the knobs as parallel axes, computed by :mod:`..reports.why_wins` (the report's 
 the runs) from the store the server serves.
 
 ``GET /rapidfire/api/why?experiment=<MLflow id>&rfid=<trl-rapidfire id>`` (the same query as
-``/api/runs``, no token) answers ``{"objective", "mode", "method", "importance": [[knob,
-share], ...], "axes": [...], "runs": [run ids, in the axes' order], "values": [...]}``. The
-objective is the one the panel's curves plot: each run's latest ``loss``, lower is better.
+``/api/runs``, no token; ``metric`` and ``mode`` name the objective) answers ``{"objective",
+"mode", "method", "importance": [[knob, share], ...], "axes": [...], "runs": [run ids, in the
+axes' order], "values": [...]}``. The objective is the metric the panel ranks by: the
+experiment's ranking metric (:mod:`..reports.ranking`: the policy's, ``best_run``'s, the
+report's) unless the page's selector names another; each run's latest value of it.
 The page asks it only while its "why" view is open (Optuna's fANOVA takes a second or more at
 500 runs), never more often than every ``_EVERY`` refreshes. It only reads.
 """
@@ -20,10 +22,12 @@ from .panel_runs import RunsQuery, expanded, knob_names, reader_for
 __all__ = ["MAX_RUNS", "why_answer"]
 
 MAX_RUNS = 5000  # runs one answer reads (the first in run order beyond that: said in "note")
+_SCORES = ("loss", "eval_loss")  # what a default ranking looks at (reports/ranking.py)
 
 
 def why_answer(store: Any, query: RunsQuery) -> dict[str, Any]:
     """The route's answer to ``query`` from the MLflow tracking ``store``."""
+    from ..reports.ranking import RankingMetric, ranking_of
     from ..reports.why_wins import importance_method, knob_importance, parallel_axes
 
     reader = reader_for(store)
@@ -40,9 +44,16 @@ def why_answer(store: Any, query: RunsQuery) -> dict[str, Any]:
     # run's own name (its output_dir) differs but tunes nothing.
     knobs = [{k: v for k, v in params.get(r["id"], {}).items()
               if knob_names(r["tags"]) is not None or r["name"] not in v} for r in rows]
-    values = [r["loss"][0] if r["loss"] else None for r in rows]
-    importance = knob_importance(knobs, values, mode="min")
-    return {"objective": "loss", "mode": "min", "method": importance_method(),
+    ranking = ranking_of([r["tags"] for r in rows],
+                         [{k: v[0] for k, v in r.items() if k in _SCORES and v} for r in rows])
+    if query.metric is not None and query.metric not in ranking.keys:
+        ranking = RankingMetric(query.metric, (query.mode or ranking.mode) == "max")
+    elif query.mode is not None:
+        ranking = RankingMetric(ranking.key, query.mode == "max", ranking.source, ranking.by)
+    values = [ranking.value_of({k: v[0] for k, v in r.items() if isinstance(v, list) and v})
+              for r in rows]
+    importance = knob_importance(knobs, values, mode=ranking.mode)
+    return {"objective": ranking.key, "mode": ranking.mode, "method": importance_method(),
             "importance": [[k, share] for k, share in importance],
             "axes": [dict(a, range=list(a["range"])) if "range" in a else a
                      for a in parallel_axes(knobs)],

@@ -31,8 +31,8 @@ from ..storage.own_files import read_bytes, write_atomic
 if TYPE_CHECKING:
     from ..shared_state.store import ExperimentState
 
-__all__ = ["Inbox", "InboxOp", "Liveness", "alive", "folder_runs", "is_untracked", "mark_alive",
-           "mark_ended", "training_now"]
+__all__ = ["LOOK_DEPTH", "Inbox", "InboxOp", "Liveness", "alive", "folder_runs", "is_untracked",
+           "live_folders", "mark_alive", "mark_ended", "training_now"]
 
 # An op file is {"run": ..., "op": ...}: the op's text and a little more.
 _OP_FILE_BYTES = OP_TEXT_BYTES + 1024
@@ -228,6 +228,46 @@ def is_untracked(output_dir: str | os.PathLike) -> bool:
     state, no MLflow experiment id)."""
     layout = Layout(output_dir)
     return layout.scheduler_state.is_file() and not layout.experiment_marker.is_file()
+
+
+# Where the CLI looks for an experiment whose train() has started before the tracking store
+# knows it (the store is made on the tracking thread, seconds in): the folder it runs in and
+# the folders this many levels below (a script's output_dir is mostly ``outputs/<name>``).
+LOOK_DEPTH = 2
+# The most folders one look reads (a home folder has thousands): the CLI answers at once.
+_LOOK_FOLDERS = 2000
+# Folders no experiment is kept in, and whose size would use up the look.
+_NOT_LOOKED_IN = frozenset({"node_modules", "__pycache__", "site-packages", "mlruns"})
+
+
+def live_folders(root: str | os.PathLike, depth: int = LOOK_DEPTH) -> list[Path]:
+    """The experiment folders at ``root`` or up to ``depth`` levels below it that a live
+    process trains now (their ``.rapidfire/alive.json``, :func:`alive`), in name order.
+
+    Links are not followed (a look never leaves ``root``) and hidden folders are skipped;
+    at most a bounded number of folders is read, breadth first, so that a look from a large
+    folder still answers at once."""
+    found: list[Path] = []
+    level, read = [Path(root)], 0
+    for below in range(depth + 1):
+        deeper: list[Path] = []
+        for folder in level:
+            if alive(Layout(folder)) is not None:
+                found.append(folder)
+                continue  # an experiment's own folders hold no other experiment
+            if below == depth or read >= _LOOK_FOLDERS:
+                continue
+            try:
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        if (not entry.name.startswith(".") and entry.name not in _NOT_LOOKED_IN
+                                and entry.is_dir(follow_symlinks=False)):
+                            deeper.append(Path(entry.path))
+            except OSError:  # unreadable, or gone meanwhile: nothing of ours there
+                continue
+            read += 1
+        level = sorted(deeper)[:max(_LOOK_FOLDERS - read, 0)]
+    return sorted(found)
 
 
 def folder_runs(output_dir: str | os.PathLike) -> list[RunState]:

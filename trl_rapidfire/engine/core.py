@@ -4,23 +4,21 @@ The engine is composed of collaborators, each in a module of its own: :class:`~.
 (switching runs in and out, their checkpoints), :class:`~.coordination.Coordinator` (claims
 and records in the shared state), :class:`~.ops.OpsDesk` (control ops and clones) and
 :class:`~.reporting.Reporter` (the tracker). The loop asks them in turn; nothing below it
-calls back up."""
+calls back up. What each ``run()`` call does before and after its loop is
+:class:`~.run_call.RunCallEdges`'s."""
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import gc
-import signal
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
-from ..control.folder_control import mark_alive, mark_ended
 from ..control.ops import OpRecord, OpSource
 from ..control.policies import Policy
 from ..reports.progress import ExperimentProgress
+from ..reports.ranking import RankingMetric
 from ..reports.results import RunResult
 from ..runtime.cache import StateCache
 from ..runtime.models import ModelPool
@@ -40,18 +38,19 @@ from .clones import Clones
 from .coordination import Claim, Coordinator, Done, GangWait, Retry, Turn, Wait
 from .durability import make_durable, write_stopped
 from .faults import FaultNote
-from .lifetime import LeaseKeeper, WallClock, install_ending_sigint, install_sigint, orphaned
+from .lifetime import LeaseKeeper, WallClock, orphaned
 from .ops import OpsDesk
 from .proposals import Proposals, Proposer
 from .records import EngineStats, LoopHooks, RunSlot, WeightsAt
 from .reporting import Reporter, chunks_trained
+from .run_call import RunCallEdges
 from .run_trainer import RunFactory
 from .turns import Turns
 
 __all__ = ["Engine"]
 
 
-class Engine:
+class Engine(RunCallEdges):
     """Runs the registered runs chunk by chunk until each is completed or failed.
 
     Args:
@@ -104,6 +103,7 @@ class Engine:
         self.interrupted = False
         self.show_progress = progress  # bar and runs table; off where a notebook panel shows
         self._progress: ExperimentProgress | None = None
+        self.ranking: RankingMetric | None = None  # the live table's order (the trainer's)
         self._registered = False
         # A disk fault stopped the experiment: this engine trains no more; a re-run continues.
         self._fault = FaultNote()
@@ -251,29 +251,6 @@ class Engine:
         if self._fault.message is not None:
             raise ExperimentFault(self._fault.message)
 
-    def _start_run_call(self) -> tuple[float, Any]:
-        """What every ``run()`` call does first: returns when it started and the Ctrl-C
-        handler it replaced."""
-        # Under a launch the first worker shows the experiment's progress for all of them.
-        self._progress = ExperimentProgress(
-            self.total_chunks, enabled=self.show_progress and self.worker.rank == 0
-        )
-        # Every run's train() starts with accelerate's free_memory(), a full gc.collect() (~0.2 s
-        # with the HF stack imported): what is built so far lives as long as the experiment, so
-        # it is frozen out of the collector's view. Young generations only are collected first
-        # (a full collection found ~100 cyclic objects in 0.34 s at 1000 runs).
-        gc.collect(1)
-        gc.freeze()
-        # Only the first worker applies ops from tags: the others need not poll them.
-        self._reporter.start(polling=self.worker.rank == 0)
-        if self.worker.rank == 0:
-            with contextlib.suppress(OSError):  # advisory: the CLI's check for untracked runs
-                mark_alive(self.layout)
-        started = self._clock.started = time.perf_counter()
-        self._shared.new_call()
-        self.interrupted = False
-        return started, install_sigint(self)
-
     def _loop(self) -> None:
         """The scheduler loop of one ``run()`` call."""
         if not self._registered:
@@ -301,8 +278,8 @@ class Engine:
                 write_stopped(self._turns, self._shared)
             match self._claim():
                 case Done():
-                    # The last runs' results are told to the search (which may still add).
-                    if not self._proposals.step():
+                    # The search may still add runs; ops sent for this call may add chunks.
+                    if not (self._proposals.step() or self._ops.waiting_at_end(len(self.schedule))):
                         break
                 case Retry():
                     continue
@@ -444,56 +421,3 @@ class Engine:
 
     def _chunks_done(self) -> int:  # as the runs table's steps show them (see chunks_trained)
         return sum(chunks_trained(s) for s in self.slots.values())
-
-    def _end_run_call(self, started: float, ok: bool, previous_handler: Any,
-                      outcome: str) -> None:
-        """What every ``run()`` call does last, however its loop ended (``outcome``:
-        ``finished``, ``failed`` or ``killed``)."""
-        if previous_handler is not None:
-            install_ending_sigint()
-        try:
-            self._end_writes(started, ok)
-        except KeyboardInterrupt:
-            outcome = "killed"  # a Ctrl-C twice while ending: the views must still say so
-            raise
-        finally:
-            if previous_handler is not None:
-                signal.signal(signal.SIGINT, previous_handler)
-            self._reporter.finish(self.slots.values(), outcome, stacklevel=2)
-
-    def _end_writes(self, started: float, ok: bool) -> None:
-        # A disk fault in the clean-up is noted, never raised over what ended the loop.
-        with self._fault.kept():
-            self._flush_finishes()  # a finished chunk is never lost, whatever stopped
-        if self._fault.message is None:
-            with self._fault.kept():
-                # The runs leave this worker: what the cadence left volatile is written.
-                make_durable(self._turns, self._shared, [
-                    s for s in self.slots.values() if s.durability.volatile_chunks
-                    and s.state.status in (RunStatus.RUNNING, RunStatus.STOPPED)])
-        with self._fault.kept():
-            self._shared.release_claim()
-        # A completed run's checkpoints are gone when train() returns, and no thread of this
-        # call outlives it.
-        self._turns.drain()
-        self._shared.close_files()
-        self._lease.close()
-        with self._fault.kept():  # scheduler.json alone is the whole state between calls
-            self.store.compact()
-        if self.worker.rank == 0:
-            mark_ended(self.layout)
-        gc.unfreeze()
-        self.stats.wall += time.perf_counter() - started
-        self._clock.started = None
-        self.stats.compute = sum(s.turn.compute_seconds for s in self.slots.values())
-        self.stats.turns = len(self.schedule)
-        if self._progress is not None:
-            self._progress.close()
-        self._progress = None
-        if ok and self.worker.launched:
-            self._shared.reload_schedule()
-        if not ok:
-            # Interrupted: unwind every suspended train(). On a normal end the only
-            # suspended runs are stopped ones, kept resumable for a later train().
-            self._turns.abort_suspended()
-

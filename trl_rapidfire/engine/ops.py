@@ -37,6 +37,7 @@ from ..storage.layout import Layout, run_index, run_name
 from .building import register_failed
 from .clones import Clones, next_run_index
 from .coordination import Coordinator
+from .exemptions import PersonResumes, resumed_text
 from .lifetime import WallClock
 from .policy_view import PolicyView
 from .records import RunSlot
@@ -104,6 +105,10 @@ class OpsDesk:
                           stacklevel=4)
             self.op_log = []
         self.policy = policy
+        # Runs a person resumed: the policy's verdict at that boundary does not stand (the
+        # rule is docs/policies.md's; kept in the op log, so a re-run keeps it too).
+        self._resumes = PersonResumes(self.op_log)
+        self._end_looked_at = -1  # the chunks recorded when waiting_at_end last looked
         self._turns = turns
         self._shared = shared
         self._reporter = reporter
@@ -142,6 +147,32 @@ class OpsDesk:
         return (bool(self._queued) or bool(self._reporter.pending_ops())
                 or self._inbox.has_mail())
 
+    def new_call(self) -> None:
+        """A ``run()`` call starts: its end looks at the waiting ops again."""
+        self._end_looked_at = -1
+
+    def waiting_at_end(self, trained: int) -> bool:
+        """Whether an op waits when no chunk is left to train, the control tags read now.
+
+        The tracking thread reads the tags about once a second, and opens the store first: a
+        re-run of a finished experiment has nothing to claim and would end before its first
+        read, leaving an op sent for it (``--next-run``: the resume of a stopped run, a
+        delete, a clone) unapplied while the sender was told the next ``train()`` applies
+        it. So the call reads them once more before it ends; the call was about to wait for
+        the tracker anyway (its end writes what is queued).
+
+        Once per ``trained`` (the chunks recorded so far): an op that cannot be taken out of
+        the waiting ones (an inbox that is a link, refused at every read) would otherwise
+        keep the call from ending; after the ops applied, only a chunk trained since (or the
+        next call) opens another look."""
+        if self.worker.rank != 0 or trained == self._end_looked_at:
+            return False
+        self._end_looked_at = trained
+        tracker = self._reporter.tracker
+        if tracker is not None:
+            tracker.poll_now()
+        return self.pending()
+
     def consult_policy(self) -> None:
         """Ask the policy about every chunk finished since it was last asked (by any worker)
         and queue its decisions as ops.
@@ -154,8 +185,9 @@ class OpsDesk:
             return
         started = time.perf_counter()
         context = self._view.refresh()
-        decisions = [d for name in self._view.take_fresh()
-                     for d in self.policy.on_chunk_end(name, context)]
+        decisions = self._resumes.standing(
+            [d for name in self._view.take_fresh()
+             for d in self.policy.on_chunk_end(name, context)], context)
         stats = self._turns.stats
         stats.policy_seconds += time.perf_counter() - started
         stats.policy_histories = self._view.histories_built
@@ -222,9 +254,17 @@ class OpsDesk:
                                   printable(str(result)))
             records.append(record)
             self.op_log.append(record)
+            self._resumes.note(record)
             append_op_row(record, self.layout.ops_log)
-            self._reporter.answer_op(source, run, text, str(result), known=run in self.slots)
-            if run in self.slots:
+            if result.outcome is not OpOutcome.SKIPPED:
+                # A policy's op skipped for a person's is in the log only: the run's answer
+                # (its last op, its rapidfire.op.result tag) stays the person's, whichever
+                # of the two was queued first.
+                self._reporter.answer_op(source, run, text, str(result),
+                                         known=run in self.slots)
+                if result.outcome is OpOutcome.OK:
+                    self._tell_who_stopped(queued)
+            if run in self.slots and result.outcome is not OpOutcome.SKIPPED:
                 self.slots[run].last_op = str(result)
                 self._reporter.report(self.slots[run])
             if position in mail_at:
@@ -232,6 +272,17 @@ class OpsDesk:
             if result.outcome is OpOutcome.ERROR and queued.source.origin is OpOrigin.PYTHON:
                 warnings.warn(f"op {text!r} on {run}: {result}", RuntimeWarning, stacklevel=2)
         return records
+
+    def _tell_who_stopped(self, queued: QueuedOp) -> None:
+        """An applied stop or resume: the run's tracking says who stopped it, or no one."""
+        verb = queued.parsed().verb
+        if verb == "stop":
+            source = queued.source
+            who = (source.policy or "a policy") if source.automatic \
+                else f"person ({source.origin.value})"
+            self._reporter.stopped_by(queued.run, who)
+        elif verb == "resume":
+            self._reporter.stopped_by(queued.run, None)
 
     def _answer(self, queued: QueuedOp, by_person: set[str]) -> OpResult:
         """Apply one op; what it did, or why not."""
@@ -358,7 +409,7 @@ def change_status(record: RunState, verb: str, reason: str | None = None) -> str
         return f"stopped at step {record.global_step}"
     if verb == "resume":
         record.resume()
-        return f"resumed at step {record.global_step}"
+        return resumed_text(record.global_step)
     record.move(RunStatus.DELETED)
     return "deleted"
 

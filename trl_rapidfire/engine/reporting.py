@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..shared_state.runs import INTERRUPTED, RunStatus
-from ..tracking.tags import PROGRESS_TAG, STATUS_TAG
+from ..tracking.tags import PROGRESS_TAG, STATUS_TAG, STOPPED_BY_TAG
 from ..tracking.tracker import Tracker
 from .records import RunSlot
 
@@ -137,6 +137,10 @@ class Reporter:
                 # (shared_state.runs.shown_status) until a re-run trains it again.
                 self.tracker.set_tags(slot.name, {STATUS_TAG: INTERRUPTED})
                 self._interrupted.append(slot.name)
+            elif self._leader and slot.state.status == RunStatus.PENDING:
+                # Never trained, and nothing trains it now (a Ctrl-C, an error, the runs
+                # before it stopped): not the RUNNING MLflow made it with.
+                self.tracker.mark_scheduled(slot.name)
         if self._leader:
             if outcome == "finished" and slots and all(
                     s.state.status == RunStatus.FAILED for s in slots):
@@ -150,6 +154,15 @@ class Reporter:
                 f"was not affected); first: {self.tracker.errors[0]}",
                 RuntimeWarning, stacklevel=stacklevel + 1,
             )
+
+    def stopped_by(self, run: str, who: str | None) -> None:
+        """``run`` was stopped by ``who`` (a policy's name, or ``person (<channel>)``), or
+        resumed (``None``): its tag says who stopped it while it is stopped."""
+        if self.tracker is not None:
+            if who is None:
+                self.tracker.delete_tag(run, STOPPED_BY_TAG)
+            else:
+                self.tracker.set_tags(run, {STOPPED_BY_TAG: who})
 
     # ------------------------------------------------------------------ ops from tags
 

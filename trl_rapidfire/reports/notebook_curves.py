@@ -32,24 +32,30 @@ def top_runs(latest: Mapping[str, float | None], k: int = TOP_K) -> list[str]:
     return [name for _, name in sorted(scored)[:max(k, 0)]]
 
 
-def loss_png(curves: Mapping[str, Sequence[tuple[int, float]]], k: int = TOP_K) -> bytes:
+def loss_png(curves: Mapping[str, Sequence[tuple[int, float]]], k: int = TOP_K,
+             top: Sequence[str] | None = None) -> bytes:
     """:func:`loss_figure` as PNG bytes."""
     out = io.BytesIO()
-    loss_figure(curves, k).savefig(out, format="png")
+    loss_figure(curves, k, top).savefig(out, format="png")
     return out.getvalue()
 
 
-def loss_figure(curves: Mapping[str, Sequence[tuple[int, float]]], k: int = TOP_K) -> Any:
-    """The training loss of each run against its steps (a matplotlib ``Figure``): the
-    :func:`top_runs` in colour with their names at their lines' ends, the rest thin and
-    grey."""
+def loss_figure(curves: Mapping[str, Sequence[tuple[int, float]]], k: int = TOP_K,
+                top: Sequence[str] | None = None) -> Any:
+    """The training loss of each run against its steps (a matplotlib ``Figure``): the best
+    ``k`` runs in colour with their names at their lines' ends, the rest thin and grey. The
+    best are ``top`` (best first, e.g. by the experiment's ranking metric) where given, else
+    the :func:`top_runs` by their latest loss."""
     from matplotlib.figure import Figure
     from matplotlib.transforms import blended_transform_factory
 
     drawn = {name: [(s, v) for s, v in points if v is not None and math.isfinite(v)]
              for name, points in curves.items()}
     drawn = {name: points for name, points in drawn.items() if points}
-    top = top_runs({name: points[-1][1] for name, points in drawn.items()}, k)
+    if top is None:
+        top = top_runs({name: points[-1][1] for name, points in drawn.items()}, k)
+    else:  # the ranking's best that have a curve to colour
+        top = [name for name in top if name in drawn][:max(k, 0)]
     styles = run_styles(list(curves))
     figure = Figure(figsize=(7, 3), dpi=100)
     axes = figure.add_subplot()

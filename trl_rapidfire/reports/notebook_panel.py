@@ -8,6 +8,12 @@ both. All kept up to date at chunk boundaries while other cells run (or while a 
 ``train()`` keeps the kernel busy). The finished preprocessing bars that building the runs
 left in the cell are collapsed (:mod:`.notebook_bars`).
 
+The curves come first, under the header: with a hundred runs the table is long, and it
+scrolls in a box of its own. A button's click acts even while a blocking ``train()`` or
+``wait()`` keeps the kernel busy: the cell reads the clicks at every chunk boundary
+(:mod:`.notebook_events`). A clicked button stays pressed, and its row says the op is queued,
+until the experiment applies or refuses it (:mod:`.notebook_buttons`).
+
 The panel knows the trainer only through :class:`~.notebook_form.PanelTrainer`, the
 trainer's public face (its runs, ops, op log and schedule), so it never depends on how the
 engine is built. It needs ``ipywidgets`` (the ``notebook`` extra), imported only when a panel
@@ -37,6 +43,7 @@ from .notebook_form import (
 )
 from .notebook_rows import RunControls, RunsTable
 from .progress import notebook_display
+from .ranking import RankingMetric, default_ranking
 from .results import RunResult
 
 __all__ = ["NotebookPanel", "PanelTrainer", "RunControls", "panel_can_show"]
@@ -80,20 +87,23 @@ class NotebookPanel:
         self._curve_steps: dict[str, int] = {}  # each run's step when its curve was read
         self._asked: dict[str, AskedOp] = {}
         self.header = w.HTML()
-        self.bar = w.IntProgress(min=0, max=1, value=0, description="chunks")
+        self.bar = w.IntProgress(min=0, max=1, value=0, description="chunks",
+                                 layout=w.Layout(width="260px"))
         self.table = RunsTable(self.ask, self._choose_clone, self._filters_changed)
         self.rows: dict[str, RunControls] = self.table.rows
         """Each run's row (its cells, buttons and answer line), by run name."""
         # Shown at its own size (700 px, the figure's): scaled up, it blurs.
-        self.plot = w.Image(format="png", layout=w.Layout(width="700px"))
+        self.plot = w.Image(format="png", layout=w.Layout(width="700px", display="none"))
         self.form = CloneForm(trainer, on_asked=self._asked_clone)
         self.bars: list[Any] = []
         """The finished preprocessing bars collapsed (see :mod:`.notebook_bars`)."""
         self.show_bars = w.ToggleButton(value=False, layout=w.Layout(width="auto",
                                                                       display="none"))
         self.show_bars.observe(lambda _change: self._collapse_bars(), names="value")
-        self.widget = w.VBox([w.HBox([self.bar, self.header, self.show_bars]),
-                              self.table.widget, self.form.widget, self.plot])
+        # The curves at the top, in sight whatever the number of runs; then the table.
+        self.widget = w.VBox([w.HBox([self.bar, self.header, self.show_bars],
+                                     layout=w.Layout(flex_flow="row wrap")),
+                              self.plot, self.table.widget, self.form.widget])
         self.refresh()
 
     # ------------------------------------------------------------------ showing
@@ -122,7 +132,7 @@ class NotebookPanel:
                 return
             trainer = self._trainer
             signature = self._signature()
-            runs = list(trainer.runs)
+            runs = self._best_first(list(trainer.runs))
             log = list(trainer.op_log)
             self._draw_header(runs, signature[0], signature[2])
             self.form.set_runs(runs)
@@ -135,6 +145,17 @@ class NotebookPanel:
             self._seen_training = self._seen_training or signature[2]
             self.refreshes += 1
         self._start_polling()
+
+    def _ranking(self, runs: Sequence[RunResult]) -> RankingMetric:
+        """The experiment's ranking metric (the trainer's, as every view of it uses), else
+        eval loss where every run has one, else the loss."""
+        ranking = getattr(self._trainer, "ranking", None)
+        return ranking if isinstance(ranking, RankingMetric) else default_ranking(
+            run.metrics for run in runs)
+
+    def _best_first(self, runs: list[RunResult]) -> list[RunResult]:
+        """The rows' order: best first by the ranking metric, runs without a value last."""
+        return self._ranking(runs).best_first(runs, lambda run: run.metrics)
 
     def _signature(self) -> tuple[int, int, bool]:
         """What changes at a boundary, cheap to read: chunks trained, ops answered, training."""
@@ -156,17 +177,26 @@ class NotebookPanel:
         self.bar.value = min(done, self.bar.max)
 
     def _draw_answers(self, runs: Sequence[RunResult], log: Sequence[OpRecord]) -> None:
-        """Each run's answer line: the experiment's answer to the op a button asked."""
+        """Each run's answer line: the experiment's answer to the op a button asked, which
+        lets its button go; while there is none the op is pending, its button held."""
         for run in runs:
             row, asked = self.rows.get(run.name), self._asked.get(run.name)
-            if row is None or asked is None:
+            if row is None or asked is None or self.table.confirm.armed(run.name):
                 continue
             record = answer_of(asked, run.name, log)
+            button = row.button(asked.verb)
             if record is not None:
+                text = f"{record.op}: {record.result}"
                 style = error_html if not record.result.startswith("ok") else html.escape
-                row.answer.value = style(f"{record.op}: {record.result}")
+                _say(row, style(text), text)
+                if button is not None and button.held:
+                    button.release()
             elif not self._trainer.training:
-                row.answer.value = muted_html(f"{asked.verb}: queued for the next train()")
+                text = f"{asked.verb}: queued for the next train()"
+                _say(row, muted_html(text), f"{text}: nothing trains now; it is applied (or "
+                     "refused) when train() runs again")
+            else:
+                _say(row, *_queued(asked.verb))
 
     def _collapse_bars(self) -> None:
         """Hide the finished preprocessing bars (new ones too: a clone builds a trainer),
@@ -193,8 +223,13 @@ class NotebookPanel:
                 self._curves[run.name] = self._trainer.metric_history(run.name, "loss")
         self._plotted = key
         shown = {name: self._curves.get(name, []) for name in self.table.shown}
+        ranking = self._ranking(runs)
+        # The colours go to the best by the ranking metric (the table's order), not by loss.
+        top = [run.name for run in ranking.best_first(runs, lambda run: run.metrics)
+               if run.name in shown and ranking.value_of(run.metrics) is not None]
         if any(self._curves.values()):  # filtered down to none: empty axes, not stale lines
-            self.plot.value = loss_png(shown)
+            self.plot.value = loss_png(shown, top=top)
+            self.plot.layout.display = ""  # hidden until there is a curve to draw
 
     def _filters_changed(self) -> None:
         """The filters moved: the curves show the runs the table shows."""
@@ -206,27 +241,34 @@ class NotebookPanel:
 
     def ask(self, run: str, verb: str) -> None:
         """Queue ``verb`` (``stop``, ``resume`` or ``delete``) on ``run``, as its button
-        does; the run's answer line shows the experiment's answer once it arrives."""
-        row = self.rows.get(run)
-        try:
-            log_from = len(self._trainer.op_log)
-            getattr(self._trainer, verb)(run)
-        except Exception as err:  # noqa: BLE001 - shown to the person who clicked
+        does: the button stays pressed and the run's answer line says the op is queued until
+        the experiment's answer arrives (then shown)."""
+        with self._lock:
+            row = self.rows.get(run)
+            button = row.button(verb) if row is not None else None
+            try:
+                log_from = len(self._trainer.op_log)
+                getattr(self._trainer, verb)(run)
+            except Exception as err:  # noqa: BLE001 - shown to the person who clicked
+                if row is not None:
+                    _say(row, error_html(f"{verb}: {err}"), f"{verb}: {err}")
+                if button is not None:
+                    button.release()
+                return
+            self._asked[run] = AskedOp(verb, log_from)
+            if button is not None:
+                button.hold()
             if row is not None:
-                row.answer.value = error_html(f"{verb}: {err}")
-            return
-        self._asked[run] = AskedOp(verb, log_from)
-        if row is not None:
-            row.answer.value = muted_html(f"{verb}: queued, applies at the next chunk boundary")
+                _say(row, *_queued(verb))
         self.refresh()
 
     def _asked_clone(self, run: str, asked: AskedOp) -> None:
         """The form queued a clone of ``run``: its answer shows in that run's line too."""
-        self._asked[run] = asked
-        row = self.rows.get(run)
-        if row is not None:
-            row.answer.value = muted_html(f"{asked.verb}: queued, applies at the next chunk "
-                                          "boundary")
+        with self._lock:
+            self._asked[run] = asked
+            row = self.rows.get(run)
+            if row is not None:
+                _say(row, *_queued(asked.verb))
         self.refresh()
 
     def _choose_clone(self, run: str) -> None:
@@ -288,6 +330,19 @@ def _total_chunks(trainer: Any) -> int | None:
     clones add chunks); else unknown, and the header shows the chunks trained alone."""
     total = getattr(getattr(trainer, "engine", None), "total_chunks", None)
     return total if isinstance(total, int) and not isinstance(total, bool) else None
+
+
+def _queued(verb: str) -> tuple[str, str]:
+    """A queued op's answer line and its tooltip."""
+    text = f"{verb}: queued, applies at the next chunk boundary"
+    return muted_html(text), (f"{text} (while a blocking train() or wait() runs in this "
+                              "kernel too: the clicks are read at every chunk boundary)")
+
+
+def _say(row: RunControls, value: str, tooltip: str) -> None:
+    """A run's answer line: one line (cut where the row is narrow), whole in its tooltip."""
+    with row.answer.hold_sync():  # one message
+        row.answer.value, row.answer.tooltip = value, tooltip
 
 
 def _close_all(widget: Any) -> None:

@@ -42,6 +42,7 @@ from .experiment_data import (
 from .op_marks import Marker, PlacedMarker, draw_markers, legend_entries, op_markers
 from .plot_legend import fit_legends, legend_style, run_labels
 from .plot_style import RunStyle
+from .ranking import read_ranking
 from .summary import (
     LEARNING_CURVES,
     PARETO,
@@ -412,7 +413,7 @@ def plot_schedule(data: ExperimentData, path: str | os.PathLike, *,
 def write_report(
     output_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
-    metric: str = "eval_loss",
+    metric: str | None = None,
     tracking_uri: str | None = None,
     experiment: str | None = None,
 ) -> ReportFiles:
@@ -422,8 +423,10 @@ def write_report(
 
     Args:
         metric: the metric to plot beside the training loss and to rank the runs by
-            (``eval_loss``; a name without ``eval_`` also finds ``eval_<name>``); lower is
-            better for names ending in ``loss``, else higher. Two, separated by a comma
+            (default: the experiment's ranking metric, :mod:`.ranking`, with its direction;
+            ``eval_loss`` for an experiment that recorded none; a name without ``eval_``
+            also finds ``eval_<name>``); lower is better for names ending in ``loss``, else
+            higher. Two, separated by a comma
             (``eval_loss,accuracy``): the runs are ranked by the first, and the Pareto front
             of both is drawn.
         tracking_uri, experiment: the MLflow store and experiment name, defaulting as when
@@ -436,7 +439,10 @@ def write_report(
         LookupError: ``output_dir`` holds no trl-rapidfire experiment.
         ValueError: ``metric`` names no metric, or more than two.
     """
+    recorded = read_ranking(output_dir) if metric is None else None
+    metric = metric or (recorded.key if recorded else "eval_loss")
     first, *rest = split_metrics(metric)
+    mode = recorded.mode if recorded else None
     data = load_experiment(output_dir, metric=metric, tracking_uri=tracking_uri,
                            experiment=experiment)
     out = Path(out_dir)
@@ -444,8 +450,8 @@ def write_report(
     key = resolve_metric(data, first)
     second = resolve_metric(data, rest[0]) if rest else None
     markers = op_markers(data, rejected=True)
-    ranking = [r.name for r in rank_runs(data, key or TRAIN_METRIC)]
-    why = why_wins(data, key, second) if key else None
+    ranking = [r.name for r in rank_runs(data, key or TRAIN_METRIC, mode if key else None)]
+    why = why_wins(data, key, second, mode) if key else None
     important = [k for k, _ in why.importance] if why else []
     curves = plot_learning_curves(data, out / LEARNING_CURVES, key, markers, ranking=ranking,
                                   label_knobs=important)
@@ -458,10 +464,10 @@ def write_report(
             pareto_figure(data, why).savefig(out / PARETO, bbox_inches="tight",
                                              pad_inches=0.1)
             images.append(PARETO)
-    (out / SUMMARY).write_text(summary_markdown(data, key, first, images, why),
+    (out / SUMMARY).write_text(summary_markdown(data, key, first, images, why, mode),
                                encoding="utf-8")
     return ReportFiles(out / LEARNING_CURVES, out / SCHEDULE, out / SUMMARY, data.source,
                        data.source_detail, key, curves, tuple(markers),
-                       tuple(r.name for r in rank_runs(data, key)),
+                       tuple(r.name for r in rank_runs(data, key, mode)),
                        out / WHY_WINS if WHY_WINS in images else None,
                        out / PARETO if PARETO in images else None, why)

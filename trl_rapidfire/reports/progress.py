@@ -8,7 +8,9 @@ of the runs, kept up to date at chunk boundaries.
   table printed only now and then (see :class:`LogCadence`) and once at the end.
 
 The table fits :data:`TABLE_WIDTH` columns by abbreviating knobs; ``trl-rapidfire status``
-shows them whole."""
+shows them whole. Its rows are the runs in the rotation first, then the others, each part best
+first by the experiment's ranking metric (:mod:`.ranking`); in a terminal, the rows that do
+not fit its height are left out, and a last line says how many."""
 
 from __future__ import annotations
 
@@ -23,10 +25,12 @@ from importlib.util import find_spec
 from typing import Any, TextIO
 
 from ..shared_state.runs import RunStatus
+from .ranking import RankingMetric, default_ranking
 from .report import results_table
 from .results import RunResult
 
-__all__ = ["TABLE_WIDTH", "ExperimentProgress", "LogCadence", "live_terminal", "runs_table"]
+__all__ = ["TABLE_WIDTH", "ExperimentProgress", "LogCadence", "live_terminal", "ranked_runs",
+           "runs_table"]
 
 TABLE_WIDTH = 100
 """The most characters a line of the progress view's runs table takes."""
@@ -42,6 +46,8 @@ _CHANGE_GAP = 10
 _ON_COURSE = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.COMPLETED)
 # What the bar and a table's header count: chunks of every run together, not one run's.
 _OVER_ALL = "(all runs)"
+# Lines of a live view that are not run rows: the bar, the table's header and rule, the cursor.
+_LIVE_OVERHEAD = 4
 
 
 def _now(value: Any) -> Any:
@@ -49,10 +55,42 @@ def _now(value: Any) -> Any:
     return value() if callable(value) else value
 
 
-def runs_table(runs: Sequence[RunResult], width: int | None = TABLE_WIDTH) -> str:
-    """``run  status  steps  loss  eval_loss  knobs`` for every run, in at most ``width``
-    columns (``None``: knobs in full)."""
-    return results_table(runs, {"loss": "loss", "eval_loss": "eval_loss"}, width=width)
+def ranked_runs(runs: Sequence[RunResult], ranking: RankingMetric | None = None
+                ) -> list[RunResult]:
+    """``runs`` as the table lists them: those in the rotation (running) first, then the
+    others, each part best first by ``ranking`` (default: :func:`.ranking.default_ranking`),
+    runs without a value last."""
+    ranking = ranking or default_ranking(r.metrics for r in runs)
+    running = [r for r in runs if r.status is RunStatus.RUNNING]
+    others = [r for r in runs if r.status is not RunStatus.RUNNING]
+    return [*ranking.best_first(running, lambda r: r.metrics),
+            *ranking.best_first(others, lambda r: r.metrics)]
+
+
+def runs_table(runs: Sequence[RunResult], width: int | None = TABLE_WIDTH, *,
+               ranking: RankingMetric | None = None, max_rows: int | None = None) -> str:
+    """``run  status  steps  loss  eval_loss  knobs`` (and the ranking metric, when it is
+    another) for every run, ordered by :func:`ranked_runs`, in at most ``width`` columns
+    (``None``: knobs in full). With ``max_rows``, the rows past it are left out and a last
+    line says how many."""
+    ranking = ranking or default_ranking(r.metrics for r in runs)
+    ordered = ranked_runs(runs, ranking)
+    columns = {"loss": "loss", "eval_loss": "eval_loss"}
+    # The metric's column, by the key the runs logged it under (``accuracy`` may be
+    # ``eval_accuracy``).
+    key = next((k for k in ranking.keys if any(k in r.metrics for r in runs)), ranking.key)
+    if key not in columns.values():
+        columns[key] = key
+    left_out = 0
+    if max_rows is not None and len(ordered) > max_rows:
+        shown = max(max_rows - 1, 1)  # the last line says what was left out
+        left_out = len(ordered) - shown
+        ordered = ordered[:shown]
+    text = results_table(ordered, columns, width=width)
+    if left_out:
+        text += (f"\n({left_out} more runs, best first by {ranking.key}: "
+                 "trl-rapidfire status lists them all)")
+    return text
 
 
 def live_terminal(stream: TextIO) -> bool:
@@ -144,11 +182,14 @@ class ExperimentProgress:
         total_chunks: the chunks of the whole experiment.
         enabled: show anything at all.
         stream: where the table goes (default ``sys.stdout``).
+        ranking: what the table's rows are ordered by (default
+            :func:`.ranking.default_ranking`).
     """
 
     def __init__(self, total_chunks: int, enabled: bool = True, *,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, ranking: RankingMetric | None = None) -> None:
         self.enabled = enabled
+        self.ranking = ranking
         self._bar: Any = None  # tqdm's (notebook and log modes)
         self._live: _LiveView | None = None
         self._display = notebook_display() if enabled else None
@@ -169,7 +210,7 @@ class ExperimentProgress:
         if not enabled:
             return
         if self._display is None and live_terminal(self._stream):
-            self._live = _LiveView(total_chunks, self._stream)
+            self._live = _LiveView(total_chunks, self._stream, ranking)
             return
         from tqdm.auto import tqdm
 
@@ -180,7 +221,7 @@ class ExperimentProgress:
                          dynamic_ncols=True)
         if without_widgets:
             self._say('the control panel (buttons, live plot) needs ipywidgets: '
-                      'pip install "trl-rapidfire[notebook]"')
+                      'pip install ipywidgets')
 
     @property
     def showing(self) -> bool:
@@ -278,7 +319,7 @@ class ExperimentProgress:
             self._live.show(runs)
             return
         assert self._display is not None  # neither a live view nor a log: a notebook
-        text = runs_table(runs)
+        text = runs_table(runs, ranking=self.ranking)
         data = {"text/plain": text, "text/html": f"<pre>{html.escape(text)}</pre>"}
         if self._table is None:
             self._table = self._display(data, raw=True, display_id=True)
@@ -316,7 +357,8 @@ class ExperimentProgress:
         runs, done = _now(self._last[0]), _now(self._last[1])
         # The count is over all runs (the bar's), the rows' steps each run's own: said, so that
         # "chunks 1/4" above a run at step 2 does not read as that run's chunks.
-        self._bar.write(f"chunks {done}/{self._bar.total} {_OVER_ALL}\n{runs_table(runs)}",
+        table = runs_table(runs, ranking=self.ranking)
+        self._bar.write(f"chunks {done}/{self._bar.total} {_OVER_ALL}\n{table}",
                         file=self._stream)
 
 
@@ -325,7 +367,8 @@ class _LiveView:
     (about once a second, so the elapsed time moves, and at every change). While it is up,
     ``sys.stdout`` and ``sys.stderr`` print above it instead of through it."""
 
-    def __init__(self, total_chunks: int, stream: TextIO) -> None:
+    def __init__(self, total_chunks: int, stream: TextIO,
+                 ranking: RankingMetric | None = None) -> None:
         from rich import progress as rp
         from rich.console import Console
         from rich.live import Live
@@ -340,6 +383,7 @@ class _LiveView:
         )
         self._task = self._progress.add_task("chunks", total=total_chunks, run="")
         self._table = ""
+        self._ranking = ranking
         self._live = Live(get_renderable=self._renderable, console=self._console,
                           refresh_per_second=1, vertical_overflow="ellipsis")
         self._live.start()
@@ -371,7 +415,12 @@ class _LiveView:
         self._live.refresh()
 
     def show(self, runs: Sequence[RunResult]) -> None:
-        self._table = runs_table(runs, min(TABLE_WIDTH, self._console.width))
+        # What fits under the bar: the terminal's height less the bar, the table's header and
+        # rule, and a line for the cursor (rich would cut the rest at the bottom, where the
+        # best runs and the running ones were).
+        self._table = runs_table(runs, min(TABLE_WIDTH, self._console.width),
+                                 ranking=self._ranking,
+                                 max_rows=max(self._console.height - _LIVE_OVERHEAD, 2))
         self._live.refresh()
 
     def say(self, line: str) -> None:

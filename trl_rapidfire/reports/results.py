@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..shared_state.runs import RunStatus
+from .ranking import RankingMetric, default_ranking
 
 __all__ = ["RunResult", "latest_metrics", "metric_points", "pick_best"]
 
@@ -73,18 +73,12 @@ def metric_points(log_history: Any, keys: Iterable[str]) -> dict[str, list[tuple
     return {k: sorted(v.items()) for k, v in out.items()}
 
 
-def _metric_value(metrics: dict[str, float], name: str) -> float | None:
-    for key in (name, f"eval_{name}"):
-        v = metrics.get(key)
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            return float(v)
-    return None
-
-
 def pick_best(
     runs: Sequence[RunResult],
     metric: str | None = None,
     greater_is_better: bool | None = None,
+    *,
+    ranking: RankingMetric | None = None,
 ) -> RunResult | None:
     """The best run: among the runs that completed; while none has (or when none did, every
     run having been stopped), among every run that has not failed or been deleted. A stopped
@@ -92,24 +86,30 @@ def pick_best(
     (its lower loss may just be its earlier step).
 
     Args:
-        metric: ``metric_for_best_model``; default ``eval_loss`` if every candidate has one,
-            else the latest training ``loss``.
+        ranking: the experiment's ranking metric (:mod:`.ranking`: the one every view ranks
+            by); without it, ``metric`` and ``greater_is_better``.
+        metric: ``metric_for_best_model``; default ``eval_loss`` if every candidate that
+            logged anything has one, else the latest training ``loss``.
         greater_is_better: default: ``False`` for names ending in ``loss``, else ``True``
             (transformers' rule).
+
+    No candidate has the metric (none evaluated yet): the latest training loss decides; none
+    has that either: the first candidate.
     """
     candidates = ([r for r in runs if r.status is RunStatus.COMPLETED]
                   or [r for r in runs if r.status not in (RunStatus.FAILED, RunStatus.DELETED)])
     if not candidates:
         return None
-    if metric is None:
-        has_eval = all(_metric_value(r.metrics, "eval_loss") is not None for r in candidates)
-        metric = "eval_loss" if has_eval else "loss"
-    if greater_is_better is None:
-        greater_is_better = not metric.endswith("loss")
-    values = [(r, _metric_value(r.metrics, metric)) for r in candidates]
-    scored = [(r, v) for r, v in values if v is not None]
-    if not scored:
-        return candidates[0]
-    sign = -1.0 if greater_is_better else 1.0
-    # Ties keep declaration order (min returns the first of equals).
-    return min(scored, key=lambda rv: sign * rv[1])[0]
+    if ranking is None:
+        if metric is None:
+            ranking = default_ranking(r.metrics for r in candidates)
+        else:
+            greater = (not metric.endswith("loss") if greater_is_better is None
+                       else greater_is_better)
+            ranking = RankingMetric(metric, greater)
+    for by in (ranking, RankingMetric("loss")):
+        # Ties keep declaration order (best_first is a stable sort).
+        best = by.best_first(candidates, lambda r: r.metrics)[0]
+        if by.value_of(best.metrics) is not None:
+            return best
+    return candidates[0]

@@ -49,14 +49,16 @@ def summary_markdown(
     data: ExperimentData, metric: str | None, requested: str = "eval_loss",
     images: Sequence[str] = (LEARNING_CURVES, SCHEDULE),
     why: WhyWins | None = None,
+    mode: str | None = None,
 ) -> str:
     """The markdown summary: where the metrics came from, a table of the runs ranked by
     ``metric`` (a logged key; ``requested`` is what was asked for, named when no run logged
     it) with status, steps, the metric, the number of ops on each run and the last op's result,
     then, with ``why``, each knob's importance for the metric (and the Pareto front of two
-    metrics), then the ``images`` linked."""
-    ranked = rank_runs(data, metric)
-    mode = ("min" if metric.endswith("loss") else "max") if metric else None
+    metrics), then the ``images`` linked. ``mode``: ``min`` or ``max`` (the experiment's
+    ranking metric's; default by the name, lower is better for a loss)."""
+    mode = mode or (("min" if metric.endswith("loss") else "max") if metric else None)
+    ranked = rank_runs(data, metric, mode)
     ops_of: dict[str, list[OpEvent]] = {}
     for op in data.ops:
         ops_of.setdefault(op.run, []).append(op)

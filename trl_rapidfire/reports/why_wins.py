@@ -8,7 +8,10 @@ Knob values arrive as the views see them, numbers or text (MLflow keeps params a
 ``"0.001"``, ``"linear"``, ``"8"``). A knob is numeric when every run's value parses as a
 finite number, else categorical (its values compared as text). A knob that a run lacks is, for
 that run, the category ``-`` (the knob is then categorical), and a knob with one value in all
-runs tells nothing and is left out.
+runs tells nothing and is left out. Knobs that always move together (a LoRA ``r`` with its
+``lora_alpha`` at twice it: each value of one goes with one value of the other, in every run)
+cannot be told apart by any run: they are one knob, named by both
+(``peft_config.r + lora_alpha``), with the first one's values.
 
 Importance comes from Optuna's evaluators where Optuna is installed (fANOVA where
 scikit-learn is too, else PED-ANOVA), over a study built from the runs with
@@ -96,11 +99,45 @@ def numeric_values(values: Sequence[Any]) -> list[float] | None:
 
 def _columns(knobs: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
     """Knob name -> each run's value (``None`` where the run lacks it), in first-seen order,
-    without the knobs that have one value in all runs."""
+    without the knobs that have one value in all runs, and knobs that move together as one
+    (:func:`_together`)."""
     names = list(dict.fromkeys(name for row in knobs for name in row))
     columns = {name: [row.get(name) for row in knobs] for name in names}
-    return {name: column for name, column in columns.items()
-            if len({_text(v) for v in column}) > 1}
+    differ = {name: column for name, column in columns.items()
+              if len({_text(v) for v in column}) > 1}
+    merged: dict[str, list[Any]] = {}
+    groups: list[list[str]] = []
+    for name, column in differ.items():
+        group = next((g for g in groups if _together(differ[g[0]], column)), None)
+        if group is None:
+            groups.append([name])
+        else:
+            group.append(name)
+    for group in groups:
+        merged[_joined(group)] = differ[group[0]]
+    return merged
+
+
+def _together(first: Sequence[Any], second: Sequence[Any]) -> bool:
+    """Whether two knobs always move together: each value of one goes with a single value of
+    the other, both ways, in every run (a one-to-one map between their values), and some value
+    is shared by two runs (knobs whose every run has a value of its own pair up by
+    coincidence: three runs of three learning rates and three batch sizes)."""
+    forward: dict[str, str] = {}
+    backward: dict[str, str] = {}
+    for a, b in zip(map(_text, first), map(_text, second)):
+        if forward.setdefault(a, b) != b or backward.setdefault(b, a) != a:
+            return False
+    return len(forward) < len(first)
+
+
+def _joined(names: Sequence[str]) -> str:
+    """One name for knobs that move together: ``peft_config.r + lora_alpha`` (a config
+    object's fields by their own names after the first)."""
+    first, *rest = names
+    prefix = first.rsplit(".", 1)[0] + "." if "." in first else None
+    return " + ".join([first, *(n[len(prefix):] if prefix and n.startswith(prefix) else n
+                                for n in rest)])
 
 
 def _natural(text: str) -> list[Any]:

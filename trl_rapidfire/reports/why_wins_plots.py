@@ -77,11 +77,13 @@ def _objective(data: ExperimentData, key: str) -> tuple[list[str], list[dict[str
             [float(run.latest(key) or 0.0) for run in runs])
 
 
-def why_wins(data: ExperimentData, key: str, second: str | None = None) -> WhyWins:
+def why_wins(data: ExperimentData, key: str, second: str | None = None,
+             mode: str | None = None) -> WhyWins:
     """Knob importance for ``key`` over the runs that logged it and, with ``second``, the
-    Pareto front of the runs that logged both (modes by :func:`metric_mode`)."""
+    Pareto front of the runs that logged both (``mode``: ``key``'s, the experiment's ranking
+    metric's; else, and for ``second``, by :func:`metric_mode`)."""
     names, knobs, values = _objective(data, key)
-    mode = metric_mode(key)
+    mode = mode or metric_mode(key)
     importance = tuple(knob_importance(knobs, values, mode=mode))
     front: tuple[str, ...] = ()
     if second:

@@ -29,6 +29,7 @@ __all__ = [
     "ROLE_TAG",
     "RUN_TAG",
     "STATUS_TAG",
+    "STOPPED_BY_TAG",
     "check_uri_across_machines",
     "mlflow_status_of",
     "experiment_id_for",
@@ -46,13 +47,21 @@ EXPERIMENT_TAG = "rapidfire.experiment"
 STATUS_TAG = "rapidfire.status"
 # A run's status tag -> the MLflow status its run shows (the UI's status icon, a search's
 # ``attributes.status``): a run of an interrupted experiment must not read as still running, nor
-# a resumed one as killed. "interrupted" is what views show for a run in the rotation of an
-# experiment that stopped training (shared_state.runs.INTERRUPTED). A pending run is left as
-# MLflow makes it (RUNNING): making each one SCHEDULED, then RUNNING at its first chunk, cost
-# two more writes a run on the tracking thread, whose GIL turns slowed the training steps
-# (512 configs: the thread busy 16.4 -> 21.2 s, a step 4.3 -> 4.7 ms).
-_MLFLOW_STATUS = {"running": "RUNNING", "interrupted": "KILLED", "stopped": "KILLED",
+# a resumed one as ended. A stopped run ended as it was meant to (a policy's loser, or a
+# person's choice; STOPPED_BY_TAG says whose): FINISHED, not the KILLED of a run cut short,
+# which MLflow's UI shows in red beside 100 stopped losers. "interrupted" is what views show
+# for a run in the rotation of an experiment that stopped training
+# (shared_state.runs.INTERRUPTED): it was cut short, KILLED. A pending run is left as MLflow
+# makes it (RUNNING) while its experiment trains: making each one SCHEDULED, then RUNNING at
+# its first chunk, cost two more writes a run on the tracking thread, whose GIL turns slowed
+# the training steps (512 configs: the thread busy 16.4 -> 21.2 s, a step 4.3 -> 4.7 ms). It
+# is made SCHEDULED once a train() call ends with it still pending (Tracker.mark_scheduled),
+# off the training path.
+_MLFLOW_STATUS = {"running": "RUNNING", "interrupted": "KILLED", "stopped": "FINISHED",
                   "deleted": "KILLED", "completed": "FINISHED", "failed": "FAILED"}
+# On a stopped run: who stopped it, the policy's name (``SuccessiveHalving``) or
+# ``person (<channel>)`` (tag, cli, python); removed when it is resumed.
+STOPPED_BY_TAG = "rapidfire.stopped_by"
 PROGRESS_TAG = "rapidfire.progress"
 ROLE_TAG = "rapidfire.role"
 # On each run: its knobs' names (a JSON list), so the control panel's clone form offers the

@@ -21,6 +21,7 @@ same MLflow runs.
 
 The tracker is the face the engine sees; the parts are :mod:`.background` (the thread),
 :mod:`.link` (the store opened), :mod:`.registration` (runs found or created),
+:mod:`.writes` (each run's queued points, tags and MLflow status, written per run),
 :mod:`.op_channel` (ops set as run tags, and their answers) and :mod:`.mlflow_store` (a store
 left half-created by a crash, repaired).
 """
@@ -28,7 +29,6 @@ left half-created by a crash, repaired).
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import socket
 import threading
@@ -43,7 +43,7 @@ from .background import BackgroundThread, Periodic
 from .link import Connection, Link, open_connection
 from .mlflow_store import TrackingStoreError
 from .op_channel import OpChannel
-from .registration import Registrar, RunHandle
+from .registration import Registrar
 from .store_uri import check_mlflow_installed, check_tracking_uri
 from .tags import (
     EXPERIMENT_TAG,
@@ -61,6 +61,7 @@ from .tags import (
     mlflow_status_of,
     resolve_tracking_uri,
 )
+from .writes import ENDED, Point, RunWrites
 
 # The tag names stay importable from here (tracking_tags.py holds them for readers).
 __all__ = [
@@ -79,10 +80,8 @@ __all__ = [
     "resolve_tracking_uri",
 ]
 
-_ENDED = frozenset({"FINISHED", "FAILED", "KILLED"})  # MLflow's statuses with an end time
 # How a train() call ended -> the parent run's MLflow status.
 _EXPERIMENT_STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
-Point = tuple[str, float, int, int]  # (key, value, step, timestamp in ms)
 # At interpreter exit, how long a tracker may still take to open the store and create the runs
 # it was given (a script that never trains must not leave a half-made schema behind).
 _EXIT_WAIT = 30.0
@@ -131,10 +130,6 @@ class Tracker:
             self.rf_experiment = experiment_id_for(output_dir)
         self.poll_interval = poll_interval
         self.write_interval = write_interval
-        self._lock = threading.Lock()  # the queued points, tags and ends
-        self._pending_points: dict[str, list[Point]] = {}
-        self._pending_tags: dict[str, dict[str, str]] = {}
-        self._pending_ends: dict[str, str] = {}
         self.polling = threading.Event()  # set while an experiment trains
         self._beating = False  # between experiment_started() and experiment_ended()
         self.polling.set()
@@ -153,6 +148,7 @@ class Tracker:
                           retry_after=max(write_interval, 1.0))
         self._runs = Registrar(self._link, self._thread, self._setup_lock,
                                self._thread.note_error)
+        self._writes = RunWrites(self._runs, self._link, self._thread)
         _LIVE.add(self)
         # The thread starts with the first thing asked of it (a registration, a flush, a
         # train() call) and opens the store first. Not now: in a training process the first
@@ -238,104 +234,35 @@ class Tracker:
         one write for many chunks keeps MLflow's cost off the training thread. A point at a
         step the store has for that key (a re-run retraining) is skipped.
         """
-        if points:
-            with self._lock:
-                self._pending_points.setdefault(name, []).extend(points)
+        self._writes.log_metrics(name, points)
 
     def set_tags(self, name: str, tags: Mapping[str, str]) -> None:
         """Queue tag updates of run ``name``; the latest value of each tag is written with the
         next batch."""
-        with self._lock:
-            self._pending_tags.setdefault(name, {}).update(tags)
+        self._writes.set_tags(name, tags)
+
+    def delete_tag(self, name: str, key: str) -> None:
+        """Queue the removal of tag ``key`` from run ``name`` (none there: nothing to do)."""
+        self._writes.set_tags(name, {key: None})
 
     def end_run(self, name: str, status: str) -> None:
         """Queue the end of run ``name`` with the MLflow status matching RF ``status`` (after
         its last points and tags)."""
         mlflow_status = mlflow_status_of(status)
-        if mlflow_status in _ENDED:
-            with self._lock:
-                self._pending_ends[name] = mlflow_status
-            self._thread.put(self._write_pending)
+        if mlflow_status in ENDED:
+            self._writes.set_status(name, mlflow_status)
 
-    def _hold(self, names: list[str], points: dict[str, list[Point]],
-              tags: dict[str, dict[str, str]], ends: dict[str, str]) -> None:
-        """Put the writes of ``names`` back in front of what was queued since (under _lock)."""
-        for name in names:
-            if name in points:
-                self._pending_points[name] = points[name] + self._pending_points.get(name, [])
-            if name in tags:
-                self._pending_tags[name] = {**tags[name], **self._pending_tags.get(name, {})}
-            if name in ends:
-                self._pending_ends.setdefault(name, ends[name])
+    def mark_scheduled(self, name: str) -> None:
+        """Run ``name`` is left pending when a ``train()`` call ends: MLflow's ``SCHEDULED``
+        (waiting for its first chunk), not the ``RUNNING`` MLflow makes every run with. Its
+        first chunk, in a later call, makes it ``RUNNING`` (its status tag). A name never
+        registered here is left alone."""
+        if self._runs.known(name):
+            self._writes.set_status(name, "SCHEDULED")
 
     def _write_pending(self) -> None:
-        with self._lock:
-            points, self._pending_points = self._pending_points, {}
-            tags, self._pending_tags = self._pending_tags, {}
-            ends, self._pending_ends = self._pending_ends, {}
-            names = list({**points, **tags, **ends})
-            # A run whose MLflow run is not made yet keeps its writes, in order, for later.
-            # (Only this thread makes runs: none is made between this test and the hold.)
-            held = [n for n in names if self._runs.waiting(n)]
-            self._hold(held, points, tags, ends)
-        self._runs.retry()  # a registration that failed is tried again
-        ready = [n for n in names if n not in held]
-        if not ready:
-            return
-        conn = self._link.get()
-        if conn is None:
-            with self._lock:
-                self._hold(ready, points, tags, ends)
-            return
-        for name in ready:
-            # One job per run: a run MLflow refuses does not keep the others' points out.
-            self._thread.run_guarded(partial(self._write_run, conn, name,
-                                             points.get(name, []), tags.get(name, {})))
-            if name in ends:
-                self._thread.run_guarded(partial(self._end, conn, name, ends[name]))
-
-    def _write_run(self, conn: Connection, name: str, points: list[Point],
-                   tags: Mapping[str, str]) -> None:
-        # One call per run and write: its new points and its tags together.
-        from mlflow.entities import Metric, RunTag
-
-        handle = self._handle(name)
-        run_tags = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
-        metrics = []
-        for key, value, step, ts in points:
-            seen = handle.steps.setdefault(key, set())
-            if step in seen or not math.isfinite(value):
-                continue
-            seen.add(step)
-            metrics.append(Metric(key, float(value), ts, step))
-        for i in range(0, max(len(metrics), 1), 1000):
-            batch = metrics[i:i + 1000]
-            if batch or run_tags:
-                conn.client.log_batch(handle.run_id, metrics=batch, tags=run_tags)
-            run_tags = []
-        if STATUS_TAG in tags:
-            self._set_status(conn, handle, mlflow_status_of(tags[STATUS_TAG]))
-
-    def _end(self, conn: Connection, name: str, status: str) -> None:
-        self._set_status(conn, self._handle(name), status)
-
-    @staticmethod
-    def _set_status(conn: Connection, handle: RunHandle, status: str | None) -> None:
-        """Give the run MLflow's ``status`` when it holds another: an ending one with its end
-        time, ``RUNNING`` again (a resumed or re-run run) as it is."""
-        if status is None or status == handle.mlflow_status:
-            return
-        if status in _ENDED:
-            conn.client.set_terminated(handle.run_id, status)
-        else:
-            conn.client.update_run(handle.run_id, status=status)
-        handle.mlflow_status = status
-
-    def _handle(self, name: str) -> RunHandle:
-        handle = self._runs.handle(name)
-        if handle is None:  # a name never registered: noted (KeyError), as before
-            raise KeyError(name)
-        return handle
+        # A method of its own: the write every write_interval s (benchmarks time it by name).
+        self._writes.write_pending()
 
     def _drain(self) -> None:
         """Every registered run made, then every queued write done (on the thread)."""
@@ -387,14 +314,13 @@ class Tracker:
         if not self._runs.known(name) and self.ops.seen_run_id(name) is None:
             return
         self.ops.consumed(name, op)
-        with self._lock:
-            # An older result queued for this run (a policy's) must not land after this answer.
-            self._pending_tags.get(name, {}).pop(OP_RESULT_TAG, None)
+        # An older result queued for this run (a policy's) must not land after this answer.
+        self._writes.drop_tag(name, OP_RESULT_TAG)
         self._thread.put(partial(self._answer, name, op, result))
 
     def _answer(self, name: str, op: str, result: str) -> None:
-        with self._lock:  # an older result held back since consume_op (its run not made yet)
-            self._pending_tags.get(name, {}).pop(OP_RESULT_TAG, None)
+        # An older result held back since consume_op (its run not made yet).
+        self._writes.drop_tag(name, OP_RESULT_TAG)
         if self._runs.waiting(name):
             self._runs.register_all()  # its MLflow run first: the answer goes on it
         handle = self._runs.handle(name)

@@ -21,6 +21,13 @@ from ..config.cadence import parse_cadence
 from ..config.configs import RFConfigError
 from ..control.policies import Policy, as_policy
 from ..engine import Engine, RunFailure, RunSlot
+from ..reports.ranking import (
+    RANKING_TAG,
+    RankingMetric,
+    choose_ranking,
+    read_ranking,
+    write_ranking,
+)
 from ..runtime.cache import StateCache
 from ..runtime.models import ModelPool
 from ..runtime.workers import current_worker, one_worker_warning
@@ -43,6 +50,7 @@ class Experiment:
     engine: Engine
     pool: ModelPool
     runs: RunBuilder  # builds the planned runs, rebuilds and clones (the engine's factory)
+    ranking: RankingMetric  # what every view ranks the runs by, best_run included
 
 
 def assemble(
@@ -112,12 +120,19 @@ def assemble(
             f"trl-rapidfire: tracking to {tracker.uri} (experiment "
             f"{tracker.experiment_name!r}); dashboard: trl-rapidfire dashboard"
         )
+    ranking = _ranking(args, search, policy, specs, builder, shared_args)
+    # Recorded for the views in other processes: the folder (the report, an untracked
+    # experiment's status) and each run's first MLflow tags (the panel, status, MLflow's view).
+    ranked_before = read_ranking(layout.output_dir)
+    write_ranking(layout.output_dir, ranking)
+    ranking_tag = {RANKING_TAG: ranking.to_text()}
     cache = StateCache(getattr(args, "cache_budget_bytes", 4 * 2**30), layout.cache)
     engine = Engine(layout.output_dir, cache, progress=not args.disable_tqdm,
                     lease_seconds=lease, pool=pool, store=store, runs=builder,
                     policy=policy, tracker=tracker, proposer=proposer,
                     checkpoint_every=parse_cadence(
                         getattr(args, "checkpoint_every", DEFAULT_CADENCE)))
+    engine.ranking = ranking  # the live runs table's order
     # The first run built: a run that differs from it only in knobs that leave the data and
     # the plan alone gets its plan and waits for its first turn to be built (see
     # RunBuilder.defers). Validation stays up front: check_specs saw every config.
@@ -125,9 +140,12 @@ def assemble(
     for spec in specs:
         try:
             if reference is not None and proposer is None and builder.defers(spec):
-                engine.registry.register_planned(builder.planned(spec, reference.plan))
+                planned = builder.planned(spec, reference.plan)
+                planned.tags.update(ranking_tag)
+                engine.registry.register_planned(planned)
                 continue
             new = builder.build(spec)
+            new.tags.update(ranking_tag)
             if proposer is not None:
                 new.tags.update(proposer.tags_of(spec.name))
             slot = engine.registry.register(new)
@@ -140,6 +158,11 @@ def assemble(
                 run_dir=layout.run_dir(spec.name), group=None,
             )
     builder.read_configs({})  # what the planned runs did not take is not kept
+    if tracker is not None and ranked_before not in (None, ranking):
+        # A re-run that ranks by another metric (its policy changed): the runs found in
+        # MLflow keep their first tags, so theirs is set anew (once, not at every re-run).
+        for name in engine.slots:
+            tracker.set_tags(name, ranking_tag)
     if tracker is not None:
         tracker.active.set()  # the runs are built: MLflow's work goes on until train() starts
     slots = list(engine.slots.values())
@@ -151,7 +174,7 @@ def assemble(
         run_args = slots[0].live_trainer().args
         for name in builder.changed_in_place.get(slots[0].name, []):
             setattr(args, name, copy.deepcopy(getattr(run_args, name)))
-    return Experiment(engine=engine, pool=pool, runs=builder)
+    return Experiment(engine=engine, pool=pool, runs=builder, ranking=ranking)
 
 
 def raise_failures(what: str, slots: list[RunSlot],
@@ -170,6 +193,22 @@ def raise_failures(what: str, slots: list[RunSlot],
     raise RunFailure(f"{what}:\n{detail}",
                      {s.name: s.outcome.exception for s in slots
                       if s.outcome.exception is not None})
+
+
+def _ranking(args: Any, search: Search, policy: Policy | None, specs: list[Any],
+             builder: RunBuilder, shared_args: dict[str, Any]) -> RankingMetric:
+    """The experiment's ranking metric (:func:`~..reports.ranking.choose_ranking`): the
+    policy's, ``metric_for_best_model``'s, the search's, else ``eval_loss`` where the runs are
+    evaluated (an eval dataset, and a run whose ``eval_strategy`` is not ``no``)."""
+    def evaluates(spec: Any) -> bool:
+        strategy = builder.strategy(spec, "eval_strategy")
+        return str(getattr(strategy, "value", strategy)) != "no"
+
+    return choose_ranking(
+        policy=policy, metric_for_best_model=getattr(args, "metric_for_best_model", None),
+        greater_is_better=getattr(args, "greater_is_better", None),
+        objective=search.objective(), search=type(search).__name__,
+        evaluated=shared_args.get("eval_dataset") is not None and any(map(evaluates, specs)))
 
 
 def _tracks_to_mlflow(args: Any) -> bool:

@@ -24,7 +24,9 @@ from ..config.configs import RFConfigError
 from ..control.ops import OpRecord
 from ..engine import Engine, RunSlot, RunTrainer
 from ..engine.lifetime import stopped_by_ctrl_c
+from ..reports.notebook_events import join_taking_clicks, taking_clicks_at_boundaries
 from ..reports.notebook_panel import NotebookPanel, panel_can_show
+from ..reports.ranking import RankingMetric
 from ..reports.results import RunResult, metric_points, pick_best
 from ..runtime.accelerate_state import (
     answer_package_checks_once,
@@ -99,6 +101,7 @@ class RFTrainerMixin:
         self._rf_pool = experiment.pool
         self._rf_engine = experiment.engine
         self._rf_runs = experiment.runs
+        self._rf_ranking = experiment.ranking
         self._rf_best: str | None = None
 
     # ------------------------------------------------------------------ control ops
@@ -134,7 +137,7 @@ class RFTrainerMixin:
         form and the training loss per run, refreshed at chunk boundaries while other cells
         run. In a Jupyter kernel ``train()`` shows it by itself (in place of the text progress
         view); this returns that same panel (a new one once it was closed). Needs ipywidgets:
-        ``pip install "trl-rapidfire[notebook]"`` (an ``ImportError`` says so without it)."""
+        ``pip install ipywidgets`` (an ``ImportError`` says so without it)."""
         panel = self._rf_panel
         if panel is None or panel.closed:
             panel = self._rf_panel = NotebookPanel(self)
@@ -204,7 +207,9 @@ class RFTrainerMixin:
             self._rf_background = (thread, outcome)
             thread.start()
             return None
-        return self._rf_train()
+        # The panel's clicks act at this call's chunk boundaries, not after it (a kernel).
+        with taking_clicks_at_boundaries(self._rf_engine.hooks, self._rf_panel):
+            return self._rf_train()
 
     @property
     def training(self) -> bool:
@@ -223,8 +228,8 @@ class RFTrainerMixin:
         if background is None:
             raise RuntimeError("nothing to wait for: call train(blocking=False) first")
         thread, outcome = background
-        try:
-            thread.join(timeout)
+        try:  # the panel's clicks act while it waits (in a kernel)
+            join_taking_clicks(thread, timeout, self._rf_panel)
         except KeyboardInterrupt:
             self._rf_engine.interrupted = True
             thread.join()
@@ -295,16 +300,18 @@ class RFTrainerMixin:
         return metric_points(history, (key,)).get(key, [])
 
     @property
+    def ranking(self) -> RankingMetric:
+        """The metric every view ranks the runs by (the panels, ``status``, the live table,
+        the report, MLflow's saved view, :attr:`best_run`): the policy's, else
+        ``metric_for_best_model``/``greater_is_better``, else what the search optimizes
+        (``OptunaSearch(metric=..., direction=...)``), else eval loss where the runs are
+        evaluated, else the latest training loss."""
+        return self._rf_ranking
+
+    @property
     def best_run(self) -> RunResult | None:
-        """The best run by ``metric_for_best_model``/``greater_is_better``; without them by
-        what the search optimizes (``OptunaSearch(metric=..., direction=...)``), else eval
-        loss if every run was evaluated, else the latest training loss."""
-        metric = getattr(self.args, "metric_for_best_model", None)
-        greater = getattr(self.args, "greater_is_better", None) if metric else None
-        objective = self.search.objective()
-        if metric is None and objective is not None:
-            metric, greater = objective
-        return pick_best(self.runs, metric, greater)
+        """The best run by :attr:`ranking`."""
+        return pick_best(self.runs, ranking=self._rf_ranking)
 
     @property
     def schedule(self) -> list[ChunkRecord]:

@@ -1,8 +1,9 @@
 "use strict";
 // The trl-rapidfire control panel (served by the MLflow app plugin, trl_rapidfire/client/
-// panel_app.py): its state, its refresh and its ops. The table, the curves, the clone form
-// and the "why a config wins" view are panel_table.js, panel_curves.js, panel_clone.js and
-// panel_why.js (loaded before this one).
+// panel_app.py): its state, its refresh and its ops. The table, the curves, the clone form,
+// the "why a config wins" view and the ranking (the metric the runs are ranked by, the
+// table's order) are panel_table.js, panel_curves.js, panel_clone.js, panel_why.js and
+// panel_rank.js (loaded before this one).
 //
 // A refresh reads the plugin's lean route (/rapidfire/api/runs: only the fields the table and
 // the curves show, and from the second refresh on only the runs that moved and their new loss
@@ -22,12 +23,17 @@ const TAG = {
   heartbeat: "rapidfire.heartbeat", knobs: "rapidfire.knobs",
 };
 const REFRESH_MS = 2000;
+// The saved view of MLflow's runs table that "Open in MLflow" opens (client/mlflow_view.py).
+const VIEW_TAG = "mlflow.sharedViewState.trl-rapidfire";
 const HEARTBEAT_STALE_S = 180;  // as trl_rapidfire.tracking.tags.HEARTBEAT_STALE
 
 const state = {
   experiments: [], current: null, runs: [], knobs: [], sent: {}, history: {}, loaded: false,
   refreshes: 0, cloneOf: null, cloneFields: [], pinned: new Set(), hot: null, filter: "",
   hiddenStatuses: new Set(), topK: 10, bytes: 0,
+  // The experiment's ranking metric, the one picked in the selector (null: the experiment's)
+  // and the column the table is sorted by (null: best first by the metric).
+  ranking: null, metric: null, sort: null,
 };
 window.rfPanel = state;  // what a test (or a curious person) can read
 
@@ -91,11 +97,10 @@ function runOrder(name) {
   return m ? Number(m[1]) : Number.MAX_SAFE_INTEGER;
 }
 
-// The metrics a row may carry: the losses, then a trainer kind's own (a reward model's
-// accuracy, a policy's reward, a preference margin: reports/kind_metrics.py), eval form first.
+// A trainer kind's own metrics (a reward model's accuracy, a policy's reward, a preference
+// margin: reports/kind_metrics.py), eval form first: one of them gets a column.
 const KIND_METRICS = ["eval_accuracy", "accuracy", "eval_reward", "reward",
   "eval_rewards/margins", "rewards/margins"];
-const METRIC_KEYS = ["loss", "eval_loss", ...KIND_METRICS];
 
 // The kind's metric the table shows: the first of KIND_METRICS some run logged, or null.
 function kindMetric(runs) {
@@ -112,7 +117,10 @@ function toRun(row, held) {
   const order = runOrder(row.name);
   return {
     id: row.id, v: row.v, name: row.name, status: tags[TAG.status] || "-", progress: tags[TAG.progress] || "",
-    metrics: Object.fromEntries(METRIC_KEYS.filter((k) => row[k]).map((k) => [k, metric(row[k])])),
+    // A row's metrics are its [value, step] pairs: the losses, a kind's own, the ranking's.
+    metrics: Object.fromEntries(Object.entries(row).filter(([, v]) => Array.isArray(v))
+      .map(([k, v]) => [k, metric(v)])),
+    tags,
     params: row.params || (held ? held.params : {}),
     seq: parseInt(tags[TAG.seq] || "0", 10) || 0, pending: tags[TAG.op], result: tags[TAG.result],
     tagged: Array.isArray(knobNames) && knobNames.every((n) => typeof n === "string"),
@@ -138,11 +146,12 @@ async function loadExperiments() {
     token = page.next_page_token;
   } while (token);
   const names = Object.fromEntries(found.map((e) => [e.experiment_id, e.name]));
+  const views = Object.fromEntries(found.map((e) => [e.experiment_id, asMap(e.tags)[VIEW_TAG]]));
   const parents = await searchRuns(Object.keys(names), `tags.\`${TAG.role}\` = 'experiment'`);
   state.experiments = parents.map((p) => ({
     eid: p.info.experiment_id, name: names[p.info.experiment_id] || p.info.experiment_id,
     rfid: asMap(p.data.tags)[TAG.experiment] || "", state: experimentState(p),
-    start: p.info.start_time || 0,
+    start: p.info.start_time || 0, view: views[p.info.experiment_id],
   })).filter((e) => /^[0-9a-f]{8,64}$/.test(e.rfid)).sort((a, b) => b.start - a.start);
   const [, eid, rfid] = /^#\/([^/]+)(?:\/([0-9a-f]+))?/.exec(location.hash) || [];
   const inStore = state.experiments.filter((e) => !eid || e.eid === eid);
@@ -159,6 +168,7 @@ async function loadExperiments() {
 
 function forgetRuns() {
   state.runs = []; state.history = {}; state.sent = {}; state.loaded = false;
+  state.ranking = null; state.metric = null; state.sort = null;
   state.pinned.clear(); state.hot = null; state.why = null; parallelLines.clear();
 }
 
@@ -189,7 +199,31 @@ async function loadRuns(exp) {
     history.step = points[points.length - 1][0];
   }
   state.runs = [...held.values()].sort((a, b) => a.order - b.order || a.name.localeCompare(b.name));
+  state.ranking = experimentRanking(state.runs);
   state.loaded = true;
+}
+
+// The saved view "Open in MLflow" opens (runs flat, best first by the ranking metric, the
+// knobs first), set on the experiment shown where it is missing or out of date: the server
+// computes it (it only reads), the page sets it through MLflow's REST API as MLflow's own UI
+// saves a view. Once per experiment and number of runs.
+async function ensureView(exp) {
+  const mark = `${exp.eid}/${exp.rfid}/${state.runs.length}`;
+  if (!state.runs.length || state.viewChecked === mark) return;
+  state.viewChecked = mark;
+  try {
+    const query = new URLSearchParams({experiment: exp.eid, rfid: exp.rfid});
+    const view = await call(`${PANEL_API}view?${query}`);
+    let held = null;
+    try { held = JSON.parse(exp.view || "null"); } catch (e) { held = null; }
+    if (held && held.state === view.state) return;
+    await call(API + "experiments/set-experiment-tag",
+      {experiment_id: exp.eid, key: view.key, value: view.value});
+    state.viewSet = exp.eid;
+  } catch (e) {
+    // A convenience: the panel works without it (a store that refuses the tag, say).
+    state.viewError = e.message;
+  }
 }
 
 async function sendOp(run, op) {
@@ -235,6 +269,7 @@ async function refresh() {
     document.getElementById("mlflow-link").href =
       `${ROOT}#/experiments/${exp.eid}/runs?workflowType=machine_learning&viewStateShareKey=trl-rapidfire`;
     await loadRuns(exp);
+    ensureView(exp);
     state.knobs = knobColumns(state.runs);
     state.refreshes += 1;
     redraw();
@@ -261,6 +296,7 @@ document.getElementById("experiment").addEventListener("change", (event) => {
 window.addEventListener("hashchange", () => { forgetRuns(); state.current = null; refresh(); });
 window.addEventListener("resize", () => { if (state.runs.length) { drawCurves(); drawWhy(); } });
 setUpFilters();
+setUpRanking();
 setUpClone();
 setUpWhy();
 loop();

@@ -1,9 +1,10 @@
 "use strict";
 // The control panel's learning curves (loaded before panel.js, which owns `state`): one SVG
 // path per run, so that a run can be hovered, clicked (pinned) and counted. With 30-500 runs
-// a colour per run cannot be told apart, so only the top k runs by the objective (the latest
-// value of the plotted metric, lower is better), the pinned ones and the one under the pointer
-// are drawn in colour, each named at its line's end; the others are thin and grey.
+// a colour per run cannot be told apart, so only the top k runs by the ranking metric (the
+// experiment's, or the one picked: panel_rank.js; the latest value, best first), the pinned
+// ones and the one under the pointer are drawn in colour, each named at its line's end; the
+// others are thin and grey.
 
 // A run's look, by its run index, as in trl-rapidfire report's figures
 // (trl_rapidfire/reports/plot_style.py: PALETTE, LINE_STYLES and run_style; a test holds them
@@ -30,10 +31,10 @@ function svg(tag, attrs) {
   return node;
 }
 
-// The runs drawn in colour: the top k shown runs by their latest objective value.
+// The runs drawn in colour: the top k shown runs by the ranking metric (those with a value).
 function topRuns(runs, k) {
-  const scored = runs.filter((r) => r.metrics.loss && Number.isFinite(r.metrics.loss.value));
-  scored.sort((a, b) => a.metrics.loss.value - b.metrics.loss.value);
+  const metric = rankMetric();
+  const scored = bestFirst(runs.filter((r) => rankValue(r, metric) !== null), metric);
   return new Set(scored.slice(0, k).map((r) => r.id));
 }
 

@@ -1,9 +1,11 @@
 "use strict";
 // The control panel's runs table (loaded before panel.js, which owns `state`): a row per run,
-// made once and updated in place; the filters (text over names and knob values, and the
-// statuses shown) that narrow the table and the curves; hovering and pinning a run, shared
-// with the curves. Its columns fit the page: a fixed layout, a knob's text cut with an
-// ellipsis (whole in its tooltip), the buttons wrapping inside their own column.
+// made once and updated in place, in the order panel_rank.js gives (best first by the ranking
+// metric, or by the column whose header was clicked); the filters (text over names and knob
+// values, and the statuses shown) that narrow the table and the curves; hovering and pinning
+// a run, shared with the curves. Its columns fit the page and each row is one line: a fixed
+// layout, a cell's text cut with an ellipsis (whole in its tooltip: a long op answer, a
+// policy's reason), the buttons in one row in their own column.
 
 const MAX_KNOB_COLUMNS = 8;
 const DONE = new Set(["completed", "stopped", "failed", "deleted"]);
@@ -30,15 +32,27 @@ function shownStatus(run) {
     ? "interrupted" : run.status;
 }
 
-// Whether the filters let a run through: every word of the text box in its name or one of
-// its knob values (case-insensitive), and its status ticked.
+// Whether one word of the filter text lets a run through (lower case): `key=value` matches a
+// knob named key (or ending in `.key`) whose value is value, numbers compared as numbers
+// (learning_rate=0.001 is 1e-3, not 0.00102); any other word is looked for in the run's name
+// and its key=value texts. The notebook panel's rule too (reports/notebook_rows.py).
+function wordMatches(word, name, pairs) {
+  const at = word.indexOf("=");
+  const key = at > 0 ? word.slice(0, at) : "", want = at > 0 ? word.slice(at + 1) : "";
+  if (!key || !want) return name.includes(word) || pairs.some(([k, v]) => `${k}=${v}`.includes(word));
+  const same = (v) => v === want || (v.trim() !== "" && want.trim() !== "" && Number(v) === Number(want));
+  return pairs.some(([k, v]) => (k === key || k.endsWith(`.${key}`)) && same(v));
+}
+
+// Whether the filters let a run through: every word of the text box matches (wordMatches),
+// and its status ticked.
 function isShown(run) {
   if (state.hiddenStatuses.has(shownStatus(run))) return false;
   const words = state.filter.toLowerCase().split(/\s+/).filter(Boolean);
   if (!words.length) return true;
-  const text = [run.name, ...Object.entries(run.params).map(([k, v]) => `${k}=${v}`)]
-    .join(" ").toLowerCase();
-  return words.every((w) => text.includes(w));
+  const name = run.name.toLowerCase();
+  const pairs = Object.entries(run.params).map(([k, v]) => [k.toLowerCase(), String(v).toLowerCase()]);
+  return words.every((w) => wordMatches(w, name, pairs));
 }
 
 // What the panel sent on a run (by run id: names repeat across experiments) shows until the
@@ -49,7 +63,11 @@ function answerOf(run) {
     return {text: `error: ${sent.error}`, cls: "error"};
   }
   if (sent && !sent.error && run.seq <= sent.seq) {
-    return {text: `sent: ${sent.op} (applied at the run's next chunk boundary)`, cls: "waiting"};
+    // An experiment that is not training applies it at its script's next train() (the engine
+    // reads the ops left for it before that call ends): said as such, never as imminent.
+    const when = state.current && state.current.state !== "training"
+      ? "applied by its script's next train()" : "applied at the run's next chunk boundary";
+    return {text: `sent: ${sent.op} (${when})`, cls: "waiting"};
   }
   if (sent) delete state.sent[run.id];
   if (run.pending) return {text: `waiting: ${run.pending}`, cls: "waiting"};
@@ -63,14 +81,19 @@ function metricText(run, key) {
 }
 
 // A run's buttons act on the run as the latest refresh knows it (looked up at the click).
+// Delete, which cannot be undone, asks first.
 function opButton(id, name, label, op) {
   return el("button", {
     type: "button", "data-run": name, "data-op": op, "aria-label": `${label} ${name}`,
-    text: label,
+    text: label, className: op === "delete" ? "danger" : "",
     onclick: (event) => {
       event.stopPropagation();  // a button is not a click on the row (which pins it)
       const run = state.runs.find((r) => r.id === id);
-      if (run) (op === "clone" ? openClone(run) : sendOp(run, op));
+      if (!run) return;
+      if (op === "clone") { openClone(run); return; }
+      if (op === "delete" && !window.confirm(`Delete ${run.name} for good? Its state and `
+        + "checkpoints are removed; it cannot be resumed.")) return;
+      sendOp(run, op);
     }});
 }
 
@@ -90,12 +113,12 @@ function rowOf(run) {
     const link = el("a", {target: "_blank", rel: "noopener", text: run.name,
       onclick: (event) => event.stopPropagation()});
     const cells = {name: el("td", {className: "c-run"}, link), status: el("td"),
-      progress: el("td", {className: "c-progress"}), loss: el("td"), eval: el("td"),
-      kind: el("td"), knobs: [],
+      progress: el("td", {className: "c-progress"}), metrics: [], knobs: [],
       answer: el("td", {"data-answer": run.name})};
     const button = (label, op) => opButton(run.id, run.name, label, op);
+    // Delete last, away from Stop: the one that cannot be undone.
     const buttons = {stop: button("Stop", "stop"), resume: button("Resume", "resume"),
-      delete: button("Delete", "delete"), clone: button("Clone", "clone")};
+      clone: button("Clone", "clone"), delete: button("Delete", "delete")};
     const tr = el("tr", {"data-run": run.name, onmouseenter: () => setHot(run.id),
       onmouseleave: () => setHot(null), onclick: () => togglePin(run.id)});
     row = {tr, cells, link, buttons,
@@ -105,42 +128,71 @@ function rowOf(run) {
   return row;
 }
 
+// The metric columns: the losses, a trainer kind's own, and the metric ranked by when it is
+// another (by the key its runs logged it under).
+function metricColumns() {
+  const ranked = shownKey(rankMetric(), state.runs);
+  return [...new Set(["loss", "eval_loss", ...(state.kindMetric ? [state.kindMetric] : []),
+    ranked])];
+}
+
+// A header per column; a click sorts by its column (panel_rank.js sortBy), the arrow says
+// which way. The knob columns share a width that keeps the page from scrolling sideways.
 function drawHead() {
-  const heads = [["run", "c-run"], ["status", "c-status"], ["progress", "c-progress"],
-    ["loss", "c-metric"], ["eval_loss", "c-metric"],
-    ...(state.kindMetric ? [[state.kindMetric.replace("rewards/", ""), "c-metric"]] : []),
-    ...state.knobs.map((k) => [k, "c-knob"]),
-    ["answer", "c-answer"], ["", "c-ops"]];
-  document.getElementById("head").replaceChildren(...heads.map(([h, cls]) =>
-    el("th", {text: h, className: cls, title: h})));
+  const heads = [["run", "c-run", "run"], ["status", "c-status", "status"],
+    ["progress", "c-progress", "progress"],
+    ...state.metricColumns.map((k) => [k.replace("rewards/", ""), "c-metric", `metric:${k}`]),
+    ...state.knobs.map((k) => [k, "c-knob", `knob:${k}`]),
+    ["answer", "c-answer", "answer"], ["", "c-ops", null]];
+  const knobWidth = `${Math.max(3.5, Math.min(7.5, 22 / Math.max(state.knobs.length, 1)))}em`;
+  const ranked = rankMetric();
+  document.getElementById("head").replaceChildren(...heads.map(([h, cls, column]) => {
+    const sorted = state.sort ? state.sort.column === column
+      : column === `metric:${shownKey(ranked, state.runs)}`;
+    const dir = state.sort ? state.sort.dir : (ranked.mode === "max" ? -1 : 1);
+    const th = el("th", {text: h + (sorted ? (dir > 0 ? " ▲" : " ▼") : ""),
+      className: cls + (column ? " sortable" : ""), "data-column": column || false,
+      title: column ? `${h}: click to sort` : "",
+      "aria-sort": sorted ? (dir > 0 ? "ascending" : "descending") : false,
+      onclick: column ? () => sortBy(column) : undefined});
+    if (cls === "c-knob") th.style.width = knobWidth;
+    return th;
+  }));
 }
 
 function drawTable() {
   const exp = state.current;
   state.kindMetric = kindMetric(state.runs);
-  const columns = JSON.stringify([state.kindMetric, state.knobs]);
+  state.metricColumns = metricColumns();
+  drawMetricSelector();
+  const columns = JSON.stringify([state.metricColumns, state.knobs, state.sort,
+    rankMetric().key]);
   if (columns !== drawnColumns) drawHead();
-  const rows = state.runs.map((run) => {
+  const rows = sortedRuns(state.runs).map((run) => {
     const row = rowOf(run);
     const {cells, buttons} = row;
     row.link.href = `${ROOT}#/experiments/${exp.eid}/runs/${run.id}`;
     const shown = shownStatus(run);
     setCell(cells.status, shown, `c-status status status-${shown}`);
     setCell(cells.progress, run.progress, "c-progress", run.progress);
-    setCell(cells.loss, metricText(run, "loss"));
-    setCell(cells.eval, metricText(run, "eval_loss"));
-    if (state.kindMetric) setCell(cells.kind, metricText(run, state.kindMetric));
-    if (columns !== drawnColumns || cells.knobs.length !== state.knobs.length) {
+    // The share of its chunks a run has trained, as a bar behind its progress text.
+    const done = progressFraction(run.progress);
+    const bar = done === null ? "" : `linear-gradient(90deg, #dafbe1 ${(done * 100).toFixed(1)}%, transparent 0)`;
+    if (cells.progress.style.backgroundImage !== bar) cells.progress.style.backgroundImage = bar;
+    if (columns !== drawnColumns || cells.knobs.length !== state.knobs.length
+        || cells.metrics.length !== state.metricColumns.length) {
+      cells.metrics = state.metricColumns.map(() => el("td", {className: "c-metric"}));
       cells.knobs = state.knobs.map(() => el("td", {className: "c-knob"}));
-      row.tr.replaceChildren(cells.name, cells.status, cells.progress, cells.loss, cells.eval,
-        ...(state.kindMetric ? [cells.kind] : []), ...cells.knobs, cells.answer, row.ops);
+      row.tr.replaceChildren(cells.name, cells.status, cells.progress, ...cells.metrics,
+        ...cells.knobs, cells.answer, row.ops);
     }
+    state.metricColumns.forEach((k, i) => setCell(cells.metrics[i], metricText(run, k)));
     state.knobs.forEach((k, i) => {
       const text = run.params[k] ?? "";
       setCell(cells.knobs[i], text, "c-knob", text);
     });
     const answer = answerOf(run);
-    setCell(cells.answer, answer.text, `c-answer answer ${answer.cls}`);
+    setCell(cells.answer, answer.text, `c-answer answer ${answer.cls}`, answer.text);
     buttons.stop.disabled = DONE.has(run.status);
     buttons.resume.disabled = run.status !== "stopped";
     buttons.delete.disabled = run.status === "deleted";

@@ -1,7 +1,8 @@
 "use strict";
 // The control panel's "why a config wins" view (loaded before panel.js, which owns `state`):
-// each knob's importance for the loss and the runs as lines across their knobs (parallel
-// coordinates), both computed on the server by the report's own functions
+// each knob's importance for the ranking metric (panel_rank.js: the experiment's, or the one
+// picked) and the runs as lines across their knobs (parallel coordinates), both computed on
+// the server by the report's own functions
 // (trl_rapidfire/reports/why_wins.py, through /rapidfire/api/why). Asked only while the view
 // is open, and then every WHY_EVERY refreshes (an importance takes a second or more at 500
 // runs). A line is coloured as the run's curve is (the top k, the pinned, the hovered), and
@@ -20,10 +21,13 @@ async function loadWhy() {
   if (!exp || !whyOpen()) return;
   const note = document.getElementById("why-note");
   try {
-    const query = new URLSearchParams({experiment: exp.eid, rfid: exp.rfid});
+    const metric = rankMetric();
+    const query = new URLSearchParams({experiment: exp.eid, rfid: exp.rfid, metric: metric.key,
+      mode: metric.mode});
     state.why = await call(`${PANEL_API}why?${query}`);
     state.whyAt = state.refreshes;
-    note.textContent = `Objective: the latest ${state.why.objective} (lower is better). ` +
+    const better = state.why.mode === "max" ? "higher" : "lower";
+    note.textContent = `Objective: the latest ${state.why.objective} (${better} is better). ` +
       `Importance by ${state.why.method}.` + (state.why.note ? ` Read: ${state.why.note}.` : "");
   } catch (e) {
     note.textContent = `could not compute: ${e.message}`;
@@ -36,7 +40,7 @@ function drawImportance(why) {
   const body = document.querySelector("#importance tbody");
   if (!why.importance.length) {
     body.replaceChildren(el("tr", {}, el("td", {colspan: 2,
-      text: "no knob differs between runs with a loss yet"})));
+      text: `no knob differs between runs with a ${why.objective} yet`})));
     return;
   }
   body.replaceChildren(...why.importance.map(([knob, share]) => el("tr", {},
@@ -121,7 +125,7 @@ function drawWhy() {
   styleParallel();
 }
 
-// The look of each line, as its run's curve: the top k by loss (of the runs shown) in their
+// The look of each line, as its run's curve: the top k by the metric (of the runs shown) in their
 // colours, the pinned and the hovered above them, the rest grey; filtered-out runs hidden.
 function styleParallel() {
   if (!parallelLines.size) return;

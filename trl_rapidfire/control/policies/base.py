@@ -138,6 +138,9 @@ class Decision:
         warm: for ``clone``, start from the parent's weights.
         by: the policy that decided (filled in by :class:`Policies`; empty: the policy
             asked).
+        replaces: for ``clone``, the run whose stop it comes with (``PopulationBased``'s
+            exploit): where that stop does not stand (a person resumed the run, see
+            docs/policies.md), the clone is not made either.
     """
 
     run: str
@@ -146,6 +149,7 @@ class Decision:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     warm: bool = False
     by: str = ""
+    replaces: str | None = None
 
 
 class Policy(ABC):

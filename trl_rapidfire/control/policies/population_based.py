@@ -101,4 +101,5 @@ class PopulationBased(Policy):
         reason = (f"{self.metric} {mine:.4g} in the bottom {self.quantile:g} of "
                   f"{at.arrived} after {chunks} chunks")
         return [Decision(run, "stop", reason),
-                Decision(donor, "clone", f"replaces {run} ({reason})", overrides, warm=True)]
+                Decision(donor, "clone", f"replaces {run} ({reason})", overrides, warm=True,
+                         replaces=run)]
