@@ -215,9 +215,12 @@ def test_status_cuts_a_long_op_answer_unless_asked_for_it_whole(tmp_path, capsys
     assert max(len(line) for line in shown.splitlines() if line.startswith("run-")) < 120
     # The knob that differs between the runs is a column (from the folder's shared state).
     header = next(line for line in shown.splitlines() if line.startswith("run "))
-    assert header.split() == ["run", "status", "steps", "chunks", "learning_rate", "last", "op"]
+    # The ranking metric (the loss: nothing evaluated) is a column too, the rows best first.
+    assert header.split() == ["run", "status", "steps", "chunks", "loss", "learning_rate",
+                              "last", "op"]
     column = header.index("learning_rate")
-    assert [line[column:].split()[0] for line in shown.splitlines()
-            if line.startswith("run-")] == ["0.001", "0.003"]
+    rates = {line.split()[0]: line[column:].split()[0] for line in shown.splitlines()
+             if line.startswith("run-")}
+    assert rates == {"run-0": "0.001", "run-1": "0.003"}
     assert cli(["status", "--output-dir", str(out), "--full"]) == 0
     assert answer in capsys.readouterr().out
