@@ -1,4 +1,4 @@
-"""TPE + successive halving, ours against transformers' own search (issue 48).
+"""TPE + successive halving, ours against transformers' own search (issues 48 and 56).
 
 Workload (``time_to_best.py``'s tiny offline Llama with LoRA rank 8 on q_proj and v_proj,
 ``--rows`` rows of its synthetic SFT data, batch 8: 128 steps a trial at 1024 rows, linear
@@ -19,26 +19,42 @@ evaluated every ``--eval-every`` steps:
   ``eval_strategy=--rf-eval-strategy`` (``policy``, the default: evaluated where the pruner
   reads, i.e. at the chunk ends that pass a rung step, and at each run's end, which prunes
   exactly as ``chunk`` does; ``chunk``: at every chunk end, HF's evaluations),
-  ``search=OptunaSearch(<the same sampler, seed>, num_runs=--trials,
-  max_concurrent=K)`` and ``policy=OptunaPruner(<the same pruner>)``, for each K of
-  ``--max-concurrent`` (``--rf-sampler default``: OptunaSearch's own sampler instead, TPE
-  seeded per trial from ``--seed``, what ``OptunaSearch(num_runs=...)`` uses).
+  ``search=OptunaSearch(num_runs=--trials, max_concurrent=K, seed=--seed)`` and
+  ``policy=OptunaPruner(<the same pruner>)``, for each K of ``--max-concurrent``
+  (``default``: no ``max_concurrent`` given, OptunaSearch's default, which is 4). Its sampler:
+  OptunaSearch's own (``--rf-sampler default``: TPE seeded per trial from the seed, with the
+  constant liar, what ``OptunaSearch(num_runs=...)`` uses), the same without the constant
+  liar (``no-liar``: Optuna 4.x's default, and what a trial in flight was to it: nothing), or
+  transformers' sampler object (``same``: one at a time, ours then trains exactly the trials
+  transformers trains).
 
-Printed for each: the wall of the whole search; the time to its best (seconds from its start:
-building the trainer, or ``hyperparameter_search``'s caller building the data, to the end of
-the best completed trial, the one with the lowest final eval loss); that best value and its
-config; optimizer steps trained over all trials; trials pruned; the same two times in CPU
-seconds of this process (steadier than the wall when other processes share the cores); then
-each ``rf`` against ``hf``: the time-to-best ratio (the target: <= 0.5), the steps ratio, and
-the best values' relative difference (the target: within 0.1%). Our policy's cost: the
-pruner's calls, trials created and replays (``OptunaPruner.stats``). ``--json`` adds each
-trial's end (trial, steps, seconds).
+For each seed of ``--seed`` (0 1 2 3), every side runs ``--repeats`` times (2), the sides
+alternated (hf, rf 1, rf 4, then the reverse order), and each side keeps its best
+repetition (the lowest time to best). Its counts are the same at every repetition (one worker
+trains a deterministic schedule; a difference is printed).
 
-Usage (on a quiet machine; ~2 min at the defaults, 1 torch thread)::
+Printed for each run: the wall of the whole search; the time to its best (seconds from its
+start: building the trainer, or ``hyperparameter_search``'s caller building the data, to the
+end of the best completed trial, the one with the lowest final eval loss) and the optimizer
+steps trained over all trials until then (steps to best: the deterministic count behind the
+time, whatever else loads the machine); that best value and its config; the steps over all
+trials; trials pruned; the two times in CPU seconds of this process. Then, per seed, each
+``rf`` against ``hf``: the time-to-best ratio (the target: <= 0.5), steps to best and in all
+as ratios, the time and steps until ours completed a trial within 0.1% of hf's best (what a
+person waits for a config as good as transformers'), and the best's gap (signed; the target:
+<= +0.1%); a summary line per seed; at the end a table, a row per seed, as
+docs/adaptive-search.md holds it. Our policy's cost: the pruner's calls, trials created and
+replays (``OptunaPruner.stats``). ``--json`` adds each trial's end (trial, steps, seconds)
+and every repetition.
 
-    python benchmarks/adaptive_search.py                      # 64 trials, K = 1 2 4
-    python benchmarks/adaptive_search.py --max-concurrent 2 --rf-sampler default --skip-hf
-    python benchmarks/adaptive_search.py --trials 8 --rows 128 --max-concurrent 2  # smoke
+Usage (on a quiet machine; ~10 min at the defaults, 1 torch thread)::
+
+    python benchmarks/adaptive_search.py                # seeds 0-3 x (hf, 1, 4 = default) x 2
+    python benchmarks/adaptive_search.py --seed 0 --max-concurrent 1 2 4 --rf-sampler same
+    python benchmarks/adaptive_search.py --repeats 1 --seed 0 1 2 3 4 5 6 7 8 9 10 11 \
+        --max-concurrent 1 2 4 8                      # the counts (the docs' 12 seeds), once
+    python benchmarks/adaptive_search.py --repeats 1 --max-concurrent 4 --rf-sampler no-liar
+    python benchmarks/adaptive_search.py --trials 8 --rows 128 --seed 0 --repeats 1  # smoke
 
 Runs offline on CPU (``HF_HUB_OFFLINE=1``); on a CUDA machine it runs unchanged.
 """
@@ -59,42 +75,25 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared modules
+from adaptive_search_figures import (  # noqa: E402
+    Outcome,
+    best_of,
+    compare,
+    show,
+    summary,
+    table,
+    versus,
+)
 
 SCHEDULERS = ["linear", "cosine", "constant"]
 LR_MIN, LR_MAX = 1e-4, 1e-1
-
-
-@dataclass
-class Outcome:
-    name: str
-    wall: float = 0.0
-    time_to_best: float | None = None
-    # CPU seconds of this process from the start to the best trial's end: under load (other
-    # processes on the cores) a steadier measure of the work than the wall
-    cpu_to_best: float | None = None
-    cpu: float = 0.0
-    best_loss: float | None = None
-    best_params: dict[str, Any] = field(default_factory=dict)
-    steps: int = 0
-    trials: int = 0
-    pruned: int = 0
-    completed: int = 0
-    policy: dict[str, int] = field(default_factory=dict)
-    # (trial, steps trained, seconds from the start to its end), in the order trials ended
-    trace: list[tuple[int, int, float]] = field(default_factory=list)
-    # trial -> {step: eval loss} (HF: what its pruning callback reported; ours: every logged
-    # evaluation), for telling where the two sides' decisions part (--json only)
-    values: dict[int, dict[int, float]] = field(default_factory=dict)
-    params: dict[int, dict[str, Any]] = field(default_factory=dict)  # trial -> its config
-    states: dict[int, str] = field(default_factory=dict)  # trial -> COMPLETE, PRUNED, ...
-
-
 def _bench() -> ModuleType:
     """``time_to_best.py`` beside this file (its workload helpers)."""
     path = Path(__file__).with_name("time_to_best.py")
@@ -134,6 +133,20 @@ def _sampler(args: argparse.Namespace) -> Any:
     import optuna
 
     return optuna.samplers.TPESampler(seed=args.seed)
+
+
+def _rf_sampler(args: argparse.Namespace) -> Any:
+    """Ours: transformers' sampler object (``same``), OptunaSearch's own (``None``), or its own
+    without the constant liar (a function of the seed, as OptunaSearch's default makes it)."""
+    import optuna
+
+    if args.rf_sampler == "same":
+        return _sampler(args)
+    if args.rf_sampler == "default":
+        return None
+    startup = min(10, max(2, args.trials // 4))  # OptunaSearch's default
+    return lambda seed: optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup,
+                                                   constant_liar=False)
 
 
 def _kwargs(bench: ModuleType) -> dict[str, Any]:
@@ -187,7 +200,8 @@ def run_hf(bench: ModuleType, setup: dict[str, Any], args: argparse.Namespace,
     trials = optuna.load_study(study_name="hf", storage=storage).trials
     state = optuna.trial.TrialState
     done = [t for t in trials if t.state == state.COMPLETE]
-    outcome = Outcome("hf", wall=wall, cpu=cpu, trials=len(trials), completed=len(done),
+    outcome = Outcome("hf", seed=args.seed, wall=wall, cpu=cpu, trials=len(trials),
+                      completed=len(done),
                       pruned=sum(t.state == state.PRUNED for t in trials),
                       steps=sum(t.last_step or 0 for t in trials),
                       trace=[(t.number, t.last_step or 0,
@@ -196,17 +210,25 @@ def run_hf(bench: ModuleType, setup: dict[str, Any], args: argparse.Namespace,
                       values={t.number: dict(t.intermediate_values) for t in trials},
                       params={t.number: dict(t.params) for t in trials},
                       states={t.number: t.state.name for t in trials})
+    trained = 0
+    for t in sorted((t for t in trials if t.datetime_complete is not None),
+                    key=lambda t: t.number):  # one after another
+        trained += t.last_step or 0
+        outcome.ends.append((t.number, trained, round(t.datetime_complete.timestamp() - start, 3),
+                             t.value if t.state == state.COMPLETE else None))
     if done:
         best = min(done, key=lambda t: t.value)
         outcome.best_loss, outcome.best_params = best.value, dict(best.params)
+        outcome.steps_to_best = next(e[1] for e in outcome.ends if e[0] == best.number)
         outcome.time_to_best = best.datetime_complete.timestamp() - start
         outcome.cpu_to_best = evals[best.number][-1] - c0  # trials run in order, one each
     return outcome
 
 
 def run_rf(bench: ModuleType, setup: dict[str, Any], args: argparse.Namespace, out: str,
-           concurrent: int) -> Outcome:
-    """One ``RFSFTTrainer``: OptunaSearch + OptunaPruner, ``concurrent`` runs at a time."""
+           concurrent: int | None) -> Outcome:
+    """One ``RFSFTTrainer``: OptunaSearch + OptunaPruner, ``concurrent`` runs at a time
+    (``None``: OptunaSearch's default)."""
     from trl_rapidfire import List, OptunaPruner, OptunaSearch, Range, RFSFTConfig, RFSFTTrainer
     from trl_rapidfire.control.policies import Context, Decision, Policy
     from trl_rapidfire.storage.schedule import read_schedule_csv
@@ -235,15 +257,15 @@ def run_rf(bench: ModuleType, setup: dict[str, Any], args: argparse.Namespace, o
                              lr_scheduler_type=List(SCHEDULERS), num_chunks=setup["chunks"],
                              eval_strategy=args.rf_eval_strategy, **_kwargs(bench)),
             train_dataset=setup["train"], eval_dataset=setup["evals"], peft_config=bench.lora(),
-            search=OptunaSearch(_sampler(args) if args.rf_sampler == "same" else None,
-                                num_runs=args.trials, max_concurrent=concurrent,
-                                seed=args.seed),
+            search=OptunaSearch(_rf_sampler(args), num_runs=args.trials, seed=args.seed,
+                                **({} if concurrent is None else {"max_concurrent": concurrent})),
             policy=[policy, clock])
         rf.train()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     records = read_schedule_csv(Path(out) / "schedule.csv")
     ends = {(r.run, r.end_step): r.end_time for r in records}
-    outcome = Outcome(f"rf {concurrent}", wall=wall, cpu=cpu, trials=len(rf.runs),
+    outcome = Outcome(f"rf {concurrent or 'default'}", seed=args.seed, wall=wall, cpu=cpu,
+                      trials=len(rf.runs),
                       steps=sum(r.end_step - r.start_step for r in records),
                       # Pruned as the study counts: stopped, or completed and pruned at
                       # its last report (Optuna's loop, as transformers' search runs it)
@@ -251,8 +273,11 @@ def run_rf(bench: ModuleType, setup: dict[str, Any], args: argparse.Namespace, o
                           policy.pruned_at_end(r.name)) for r in rf.runs),
                       policy=dict(getattr(policy, "stats", {})))
     last: dict[str, tuple[int, float]] = {}
-    for r in records:
+    trained, at_end = 0, {}
+    for r in sorted(records, key=lambda r: r.end_time):
         last[r.run] = max(last.get(r.run, (0, 0.0)), (r.end_step, r.end_time - start))
+        trained += r.end_step - r.start_step
+        at_end[r.run] = trained  # steps over all runs when its last chunk so far ended
     outcome.trace = sorted(((int(n.split("-")[-1]), s, round(t, 3)) for n, (s, t) in last.items()),
                            key=lambda x: x[2])
     finals = {}
@@ -272,9 +297,13 @@ def run_rf(bench: ModuleType, setup: dict[str, Any], args: argparse.Namespace, o
             step, loss = max(losses)
             finals[run.name] = (loss, step, run.knobs)
     outcome.completed = len(finals)
+    outcome.ends = sorted(((int(n.split("-")[-1]), at_end[n], round(last[n][1], 3),
+                            finals[n][0] if n in finals else None) for n in at_end),
+                          key=lambda e: e[1])
     if finals:
         name = min(finals, key=lambda n: finals[n][0])
         loss, step, knobs = finals[name]
+        outcome.steps_to_best = at_end[name]
         outcome.best_loss = loss
         outcome.best_params = {k: knobs[k] for k in ("learning_rate", "lr_scheduler_type")}
         outcome.time_to_best = ends[(name, step)] - start
@@ -287,37 +316,19 @@ def warm_up(bench: ModuleType, setup: dict[str, Any], args: argparse.Namespace) 
     from trl_rapidfire.testing import make_sft_dataset
 
     small = dict(setup, train=make_sft_dataset(32, seed=1), chunks=2)
-    quick = argparse.Namespace(**{**vars(args), "trials": 2, "eval_every": 2})
+    quick = argparse.Namespace(**{**vars(args), "trials": 2, "eval_every": 2,
+                                  "seed": args.seed[0]})
     with tempfile.TemporaryDirectory() as tmp:
         run_hf(bench, small, quick, f"{tmp}/hf")
         run_rf(bench, small, quick, f"{tmp}/rf", 2)
 
 
-def _f(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def show(o: Outcome) -> str:
-    params = (f"lr {o.best_params['learning_rate']:.4g} {o.best_params['lr_scheduler_type']}"
-              if o.best_params else "-")
-    cost = (f"; pruner calls {o.policy['prune_calls']}, trials made {o.policy['trials_created']}"
-            f", replays {o.policy['rebuilds']}" if o.policy else "")
-    return (f"  {o.name:<6} wall {o.wall:6.1f} s, CPU {o.cpu:6.1f} s | best "
-            f"{_f(o.best_loss, '.4f')} at {_f(o.time_to_best, '.1f')} s, CPU "
-            f"{_f(o.cpu_to_best, '.1f')} s ({params}) | {o.steps:5d} steps, {o.trials} trials, "
-            f"{o.pruned} pruned, {o.completed} completed{cost}")
-
-
-def compare(hf: Outcome, ours: Outcome) -> dict[str, float | None]:
-    """Ours against HF's: time to best and steps as ratios, the best values' difference."""
-    ratio = (ours.time_to_best / hf.time_to_best
-             if ours.time_to_best and hf.time_to_best else None)
-    cpu = (ours.cpu_to_best / hf.cpu_to_best if ours.cpu_to_best and hf.cpu_to_best else None)
-    diff = (abs(ours.best_loss - hf.best_loss) / abs(hf.best_loss)
-            if ours.best_loss is not None and hf.best_loss else None)
-    return {"time_to_best_ratio": ratio, "cpu_to_best_ratio": cpu,
-            "steps_ratio": ours.steps / hf.steps if hf.steps else None,
-            "best_relative_difference": diff}
+def _side(value: str) -> int | None:
+    if value == "default":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: a number of runs (>= 1), or default")
+    return int(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,11 +339,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=2, help="steps between evaluations")
     parser.add_argument("--min-resource", default="2", help="steps, or auto")
     parser.add_argument("--reduction-factor", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-concurrent", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--rf-sampler", choices=("same", "default"), default="same",
-                        help="ours: transformers' sampler object (same), or OptunaSearch's "
-                             "own (default: TPE seeded per trial from --seed)")
+    parser.add_argument("--seed", type=int, nargs="+", default=[0, 1, 2, 3],
+                        help="sampler seeds, each a comparison of its own")
+    parser.add_argument("--max-concurrent", type=_side, nargs="+", default=[1, 4],
+                        metavar="K", help="ours: runs at a time, each a side of its own "
+                        "(4 is OptunaSearch's default; 'default': none given)")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="each side this many times, alternated; each keeps its best")
+    parser.add_argument("--rf-sampler", choices=("same", "default", "no-liar"),
+                        default="default",
+                        help="ours: OptunaSearch's own sampler (default: TPE seeded per trial "
+                             "from --seed, with the constant liar, what OptunaSearch(num_runs="
+                             "...) uses), the same without the liar (no-liar), or "
+                             "transformers' sampler object (same)")
     parser.add_argument("--rf-eval-strategy", choices=("policy", "chunk"), default="policy",
                         help="ours: evaluate where the pruner reads (policy: its rung steps "
                              "and each run's end, the documented use with a policy) or at "
@@ -341,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
 
     import datasets
     import torch
@@ -358,41 +379,53 @@ def main(argv: list[str] | None = None) -> int:
     setup = dict(model=tiny_model_path(), train=make_sft_dataset(args.rows, seed=1),
                  evals=make_sft_dataset(args.eval_rows, seed=9),
                  chunks=steps // args.eval_every)
-    print(f"adaptive search: {args.trials} trials of TPE (seed {args.seed}) + "
+    print(f"adaptive search: {args.trials} trials of TPE (seeds {args.seed}) + "
           f"SuccessiveHalvingPruner(min_resource={args.min_resource}, reduction_factor="
           f"{args.reduction_factor}) over lr [{LR_MIN:g}, {LR_MAX:g}] log x {SCHEDULERS}; "
           f"{steps} steps a trial, eval every {args.eval_every} ({args.eval_rows} rows; ours: "
-          f"eval_strategy={args.rf_eval_strategy!r}); "
-          f"MLflow off; torch {torch.__version__}, {args.threads} thread(s), "
-          f"{platform.machine()}, load {os.getloadavg()[0]:.1f}", flush=True)
+          f"eval_strategy={args.rf_eval_strategy!r}, sampler {args.rf_sampler!r}); "
+          f"{args.repeats} alternated repetition(s), each side's best; MLflow off; torch "
+          f"{torch.__version__}, {args.threads} thread(s), {platform.machine()}, load "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    sides: list[int | None | str] = ([] if args.skip_hf else ["hf"]) + list(args.max_concurrent)
     work = tempfile.mkdtemp(prefix="rf-adaptive-")
-    outcomes: list[Outcome] = []
+    tries: list[Outcome] = []
+    results: list[tuple[int, Outcome | None, list[Outcome], dict[str, Any]]] = []
     try:
         warm_up(bench, setup, args)
-        if not args.skip_hf:
-            outcomes.append(run_hf(bench, setup, args, f"{work}/hf"))
-            print(show(outcomes[-1]), flush=True)
-        for k in args.max_concurrent:
-            outcomes.append(run_rf(bench, setup, args, f"{work}/rf-{k}", k))
-            print(show(outcomes[-1]), flush=True)
+        for seed in args.seed:
+            per_seed = argparse.Namespace(**{**vars(args), "seed": seed})
+            done: dict[str, list[Outcome]] = {}
+            for rep in range(args.repeats):
+                print(f"seed {seed}, repetition {rep + 1} of {args.repeats}:", flush=True)
+                for side in (sides if rep % 2 == 0 else sides[::-1]):  # alternated
+                    out = f"{work}/{seed}-{rep}-{side}"
+                    o = (run_hf(bench, setup, per_seed, out) if side == "hf"
+                         else run_rf(bench, setup, per_seed, out, side))  # type: ignore[arg-type]
+                    shutil.rmtree(out, ignore_errors=True)
+                    tries.append(o)
+                    done.setdefault(o.name, []).append(o)
+                    print(show(o), flush=True)
+            best = {name: best_of(group) for name, group in done.items()}
+            hf = best.pop("hf", None)
+            figures: dict[str, Any] = {}
+            if hf is not None:
+                figures = {name: compare(hf, o) for name, o in best.items()}
+                for name, c in figures.items():
+                    print(versus(name, c), flush=True)
+                print(summary(seed, hf, list(best.values()), figures), flush=True)
+            results.append((seed, hf, list(best.values()), figures))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    figures: dict[str, Any] = {}
-    hf = next((o for o in outcomes if o.name == "hf"), None)
-    if hf is not None:
-        for o in outcomes:
-            if o is hf:
-                continue
-            c = figures[o.name] = compare(hf, o)
-            apart = c["best_relative_difference"]
-            print(f"  {o.name} vs hf: time to best {_f(c['time_to_best_ratio'], '.2f')}x "
-                  f"(CPU {_f(c['cpu_to_best_ratio'], '.2f')}x; target <= 0.5), steps "
-                  f"{_f(c['steps_ratio'], '.2f')}x, best values "
-                  f"{_f(None if apart is None else 100 * apart, '.3f')}% apart (target <= 0.1%)")
+    compared = [(s, hf, ours, f) for s, hf, ours, f in results if hf is not None and ours]
+    if compared:
+        print("\n".join(["", *table(compared)]))  # type: ignore[arg-type]
     if args.json:
+        outcomes = [o for _, hf, ours, _ in results for o in ([hf] if hf else []) + ours]
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"args": vars(args), "outcomes": [asdict(o) for o in outcomes],
-                       "versus_hf": figures}, fh, indent=2)
+                       "repetitions": [asdict(o) for o in tries],
+                       "versus_hf": {str(s): f for s, _, _, f in results}}, fh, indent=2)
     return 0
 
 

@@ -27,7 +27,8 @@ def test_one_at_a_time_it_trains_what_transformers_trains_and_finds_its_best(tmp
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "adaptive_search.py"), "--trials", "12",
          "--rows", "64", "--eval-every", "2", "--reduction-factor", "2", "--seed", "2",
-         "--max-concurrent", "1", "2", "--json", str(out)],
+         "--max-concurrent", "1", "2", "--rf-sampler", "same", "--repeats", "1",
+         "--json", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=900,
         env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT)))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
