@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..control.folder_control import mark_alive, mark_ended
 from ..reports.progress import ExperimentProgress
-from ..reports.ranking import RankingMetric
+from ..reports.ranking import RankingMetric, write_ranking
 from ..shared_state.runs import RunStatus
 from ..shared_state.store import StateStore
 from ..shared_state.worker_info import WorkerInfo
@@ -78,6 +78,9 @@ class RunCallEdges:
         if self.worker.rank == 0:
             with contextlib.suppress(OSError):  # advisory: the CLI's check for untracked runs
                 mark_alive(self.layout)
+            if self.ranking is not None:  # for the views of an untracked experiment; written
+                # by train(), not by the constructor (building writes nothing to the folder)
+                write_ranking(self.layout.output_dir, self.ranking)
         started = self._clock.started = time.perf_counter()
         self._shared.new_call()
         self._ops.new_call()

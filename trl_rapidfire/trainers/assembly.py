@@ -26,7 +26,6 @@ from ..reports.ranking import (
     RankingMetric,
     choose_ranking,
     read_ranking,
-    write_ranking,
 )
 from ..runtime.cache import StateCache
 from ..runtime.models import ModelPool
@@ -124,7 +123,6 @@ def assemble(
     # Recorded for the views in other processes: the folder (the report, an untracked
     # experiment's status) and each run's first MLflow tags (the panel, status, MLflow's view).
     ranked_before = read_ranking(layout.output_dir)
-    write_ranking(layout.output_dir, ranking)
     ranking_tag = {RANKING_TAG: ranking.to_text()}
     cache = StateCache(getattr(args, "cache_budget_bytes", 4 * 2**30), layout.cache)
     engine = Engine(layout.output_dir, cache, progress=not args.disable_tqdm,
