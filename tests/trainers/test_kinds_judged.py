@@ -44,10 +44,17 @@ def test_successive_halving_keeps_the_reward_models_ranking_pairs_best(tmp_path,
     capsys.readouterr()
     assert main(["status", "--output-dir", str(tmp_path / "exp")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    header = lines[1].split()
+    # Ranked by the policy's metric, higher first: the line above the table says so.
+    at_header = next(i for i, line in enumerate(lines) if line.startswith("run "))
+    assert "eval_accuracy" in lines[at_header - 1] and "higher" in lines[at_header - 1]
+    header = lines[at_header].split()
     assert header[:6] == ["run", "status", "progress", "loss", "eval_loss", "eval_accuracy"]
-    at = lines[1].index("eval_accuracy")  # the column's start in every row
-    shown = {line.split()[0]: line[at:].split()[0] for line in lines[3:3 + len(runs)]}
+    at = lines[at_header].index("eval_accuracy")  # the column's start in every row
+    rows = [line for line in lines[at_header + 1:] if line.startswith("run-")]
+    shown = {line.split()[0]: line[at:].split()[0] for line in rows}
+    # Best first by the metric (a run stopped at its rung included, at its value then).
+    order = [line.split()[0] for line in rows]
+    assert order == sorted(runs, key=lambda n: -runs[n].metrics["eval_accuracy"])
     assert shown == {name: f"{r.metrics['eval_accuracy']:.4g}" for name, r in runs.items()}
 
 
