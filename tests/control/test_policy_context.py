@@ -86,6 +86,9 @@ class count_metric_at:
         self._patch.setattr(base, "metric_at", counted)
         import trl_rapidfire.control.policies.successive_halving as sh
         self._patch.setattr(sh, "metric_at", counted)
+        # A rung reads a run's value through its own import (policies/history.py's).
+        import trl_rapidfire.control.policies.rungs as rungs
+        self._patch.setattr(rungs, "metric_at", counted)
 
     def stop(self):
         self._patch.undo()

@@ -82,11 +82,11 @@ def _check_store(uri: str, command: str) -> None:
     if not uri.startswith(("http://", "https://")):
         return
     import urllib.error
-    import urllib.request
 
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=_PROBE_TIMEOUT):
-            pass
+    from .deadlines import fetch_within
+
+    try:  # within 3 s in all: a server trickling a byte every 2 s resets a socket timeout
+        fetch_within(f"{uri.rstrip('/')}/health", _PROBE_TIMEOUT)
     except urllib.error.HTTPError:
         return  # it answers: MLflow's own calls say what is wrong (authentication, path)
     except (OSError, ValueError) as err:

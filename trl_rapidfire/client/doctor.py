@@ -7,7 +7,7 @@ when they are broken): devices come from a ``python -c`` subprocess (:func:`prob
 from __future__ import annotations
 
 import contextlib
-import http.client
+import errno
 import importlib.metadata as md
 import json
 import os
@@ -17,33 +17,29 @@ import stat
 import subprocess
 import sys
 import textwrap
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .doctor_text import (
+    Finding,
     _count,
+    _flag,
     _kind,
     _read_head,
     _yaml_depth,
     printable,
 )
+from .doctor_tracking import HTTP_TIMEOUT, check_tracking, redact
+
+__all__ = ["HTTP_TIMEOUT", "Devices", "Finding", "check_tracking", "main", "redact", "render"]
 
 STACK = ("torch", "trl", "transformers", "peft", "datasets", "accelerate", "mlflow", "filelock")
-PROBE_TIMEOUT, HTTP_TIMEOUT = 60.0, 3.0
+PROBE_TIMEOUT = 60.0
 MAX_CONFIG_BYTES = 64 * 1024  # accelerate's own configs are a few hundred bytes
 # No machine carries more accelerators than this, and each worker needs a core of its own: a
 # count above it is a typo (or 10**26), not a plan. Machines: more than the largest clusters.
 MAX_WORKERS_PER_MACHINE, MAX_MACHINES = 256, 100_000
-MAX_URI_CHARS = 4096  # browsers and servers refuse longer URLs; MLflow's stores are far shorter
-SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every sqlite database
-# The schemes MLflow 3 opens a tracking store for (mlflow/tracking/_tracking_service/utils.py,
-# _register_tracking_stores), plugins' schemes aside (entry points, looked up when needed).
-_MLFLOW_SCHEMES = {"", "file", "http", "https", "databricks", "databricks-uc", "uc"}
-_DB_SCHEMES = {"postgresql", "mysql", "sqlite", "mssql"}  # each with an optional +driver
 GIB = 1024**3
 MIN_FREE_DISK, MIN_FREE_SHM = 10 * GIB, 1 * GIB
 # The distributed_types `accelerate launch` (1.15, launch.py) starts num_processes workers for;
@@ -60,27 +56,12 @@ _PROBE = ("import json, torch; c = torch.cuda; ok = c.is_available(); p = [c.get
 
 
 @dataclass(frozen=True)
-class Finding:
-    """A line of the screen; ``fix`` says what to do about its ``problem`` (alone: a note)."""
-
-    section: str
-    label: str
-    value: str
-    problem: str | None = None
-    fix: str | None = None
-
-
-@dataclass(frozen=True)
 class Devices:
     """What torch sees, as the probe subprocess printed it; ``error`` when it could not say."""
 
     cuda: bool = False
     gpus: tuple[tuple[str, int], ...] = ()  # (name, total memory in bytes)
     error: str | None = None
-
-
-def _flag(section: str, label: str, value: str, bad: Any, problem: str, fix: str) -> Finding:
-    return Finding(section, label, value, problem if bad else None, fix if bad else None)
 
 
 def tested_versions(checkout: Path | None = None) -> dict[str, str]:
@@ -292,8 +273,15 @@ def check_accelerate(path: Path, dev: Devices) -> list[Finding]:
 
 
 def check_disk(output_dir: Path, shm: Path = Path("/dev/shm")) -> list[Finding]:
-    """Free space where checkpoints go, and in /dev/shm (DataLoader workers and NCCL use it)."""
-    where = output_dir.resolve()
+    """Free space where checkpoints go, and in /dev/shm (DataLoader workers and NCCL use it);
+    an ``--output-dir`` that cannot be resolved (a loop of symbolic links) is a finding."""
+    try:
+        where = output_dir.resolve()
+    except (OSError, RuntimeError) as err:  # Python < 3.13 says RuntimeError for a loop
+        loop = isinstance(err, RuntimeError) or getattr(err, "errno", None) == errno.ELOOP
+        return [Finding("disk", "output_dir", str(output_dir), "a loop of symbolic links"
+                        if loop else f"cannot be resolved ({err})", "point --output-dir (the "
+                        "script's output_dir) at a folder that is not a link loop")]
     while not where.exists() and where != where.parent:
         where = where.parent
     found = []
@@ -307,117 +295,6 @@ def check_disk(output_dir: Path, shm: Path = Path("/dev/shm")) -> list[Finding]:
             "disk", label, f"{free / GIB:.1f} GiB free in {place}", free < least,
             f"under {least // GIB} GiB: {risk}", fix))
     return found
-
-
-def redact(uri: str) -> str:
-    """``uri`` without the credentials it may carry (``user:password@``, query values)."""
-    parts = urllib.parse.urlsplit(uri)
-    query = "&".join(f"{key}=***" for key, _ in urllib.parse.parse_qsl(parts.query, True))
-    return uri if "@" not in parts.netloc and not query else (
-        f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}{'?' * bool(query)}{query}")
-
-
-def _mlflow_scheme(uri: str) -> str | None:
-    """The scheme MLflow would open ``uri``'s store by (``""`` for a path), or ``None`` when
-    MLflow has no store for it (``javascript:``, ``ftp:``, a typo)."""
-    if uri in ("databricks", "databricks-uc", "uc"):  # MLflow's bare profile names
-        return uri
-    scheme = urllib.parse.urlsplit(uri).scheme.lower()
-    if len(scheme) == 1:  # a Windows drive letter: a path, as MLflow reads it
-        return ""
-    base, plus, driver = scheme.partition("+")
-    if scheme in _MLFLOW_SCHEMES or (base in _DB_SCHEMES and (not plus or driver.isidentifier())):
-        return scheme
-    plugins = {e.name for e in md.entry_points(group="mlflow.tracking_store")}
-    return scheme if scheme in plugins else None
-
-
-def _local_store(target: Path, sqlite: bool) -> tuple[str | None, str]:
-    """Why MLflow could not keep runs at ``target`` (a sqlite database, else a file store's
-    folder), or ``None``; with what to do about it. Never opens a FIFO or reads more than the
-    16 bytes that say whether a file is an sqlite database."""
-    other = ("set MLFLOW_TRACKING_URI to a new sqlite:///<folder>/mlflow.db (or unset it for "
-             "./mlflow.db)")
-    try:
-        mode: int | None = os.stat(target).st_mode
-    except FileNotFoundError:
-        mode = None
-    except OSError as err:
-        return f"cannot look at {target} ({err.strerror})", other
-    folder = target.parent
-    if mode is None:  # a missing store is created in its folder
-        ok = os.access(folder, os.W_OK)
-        return (None if ok else f"cannot write {target}"), (f"mkdir -p {folder} (and make it "
-                                                             "writable), or set "
-                                                             "MLFLOW_TRACKING_URI to another store")
-    if stat.S_ISREG(mode):
-        try:
-            head = _read_head(target, len(SQLITE_HEADER))[:len(SQLITE_HEADER)]
-        except (OSError, ValueError) as err:
-            return f"cannot read {target} ({getattr(err, 'strerror', None) or err})", other
-        is_db = head == SQLITE_HEADER or (sqlite and not head)  # sqlite fills an empty file
-        if not sqlite:
-            return (f"{target} is {'an sqlite database' if is_db else 'a file'}, not the folder"
-                    " a file store is"), (f"MLFLOW_TRACKING_URI=sqlite:///{target}" if is_db
-                                          else "point MLFLOW_TRACKING_URI at a folder, or " +
-                                          other.removeprefix("set MLFLOW_TRACKING_URI to "))
-        if not is_db:
-            return f"{target} is a file but not an sqlite database", other
-    elif sqlite or not stat.S_ISDIR(mode):
-        return f"{target} is {_kind(mode)}, not {'an sqlite database' if sqlite else 'a folder'}", \
-            other
-    # sqlite writes its journal beside the database: the folder must be writable too.
-    ok = os.access(target, os.W_OK) and (not sqlite or os.access(folder, os.W_OK))
-    return (None if ok else f"cannot write {target}"), (
-        f"make {target} writable, or set MLFLOW_TRACKING_URI to another store")
-
-
-def check_tracking(uri: str, timeout: float = HTTP_TIMEOUT) -> list[Finding]:
-    """Whether the store the runs will be tracked in is one MLflow can use, and answers now,
-    not hours in."""
-    from .tracked_runs import sqlite_path
-
-    source = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default"
-    fix_uri = ("set MLFLOW_TRACKING_URI to http(s)://<host>:<port>, sqlite:///<path>.db or a "
-               "folder, or unset it for ./mlflow.db")
-    try:  # before anything shows it: an unreadable URI cannot be shown without its secrets
-        why = None if len(uri) <= MAX_URI_CHARS else (
-            f"{len(uri):,} characters long, over the {MAX_URI_CHARS:,} of any URI MLflow uses")
-        found = [Finding("tracking", "store", f"{redact(uri)} ({source})")]
-    except ValueError as err:  # urlsplit: "Invalid IPv6 URL", a bad netloc
-        why, found = f"not a URI ({err})", [Finding("tracking", "store", f"unreadable ({source})")]
-    if why:
-        return [*found, Finding("tracking", "reachable", "no", why, fix_uri)]
-    scheme = _mlflow_scheme(uri)
-    if scheme is None:
-        return [*found, Finding("tracking", "reachable", "no", f"MLflow keeps no runs at a "
-                                f"{urllib.parse.urlsplit(uri).scheme}: URI", fix_uri)]
-    parts, db = urllib.parse.urlsplit(uri), sqlite_path(uri)
-    if db is not None or scheme in ("", "file"):  # sqlite, or a file store
-        target = db or Path(urllib.parse.unquote(parts.path if scheme else uri))
-        problem, fix = _local_store(target, sqlite=db is not None)
-        value = f"yes, {target} {'exists' if target.exists() else 'is created by the first run'}"
-        return [*found, _flag("tracking", "reachable", "no" if problem else value, problem,
-                              problem or "", fix)]
-    if scheme not in ("http", "https"):
-        return [*found, Finding("tracking", "reachable", "not checked here")]
-    health = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path.rstrip('/')}/health"
-    try:
-        with urllib.request.urlopen(health, timeout=timeout) as answer:
-            said = f"yes, /health says {answer.read(64).decode('utf-8', 'replace').strip()!r}"
-    except urllib.error.HTTPError as err:
-        said = f"HTTP {err.code} at /health"
-    except (OSError, ValueError, http.client.HTTPException) as err:  # InvalidURL, a bad port
-        try:
-            port = parts.port or 5000
-        except ValueError:
-            port = 5000
-        return [*found, Finding(
-            "tracking", "reachable", "no", f"no answer ({getattr(err, 'reason', None) or err})",
-            "start it (mlflow server --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 "
-            f"--port {port}), or unset MLFLOW_TRACKING_URI for ./mlflow.db")]
-    return [*found, _flag("tracking", "reachable", said, not said.endswith("'OK'"),
-                          "not an MLflow server's answer (OK)", "check the URI's host and port")]
 
 
 def render(findings: list[Finding], width: int = 100) -> str:

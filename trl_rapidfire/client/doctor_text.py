@@ -1,22 +1,38 @@
 """The doctor's outside text, read and shown within bounds: an accelerate config, a tracking
 URI and a store's first bytes are anyone's text. Files are read only as far as needed and never
 block (a FIFO put in place of one), YAML no deeper than accelerate's own, values shown escaped
-and cut."""
+and cut. Each check answers in :class:`Finding` lines, the screen's unit."""
 
 from __future__ import annotations
 
 import os
 import stat
 import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_CONFIG_DEPTH", "MAX_SHOWN_CHARS", "printable"]
+__all__ = ["MAX_CONFIG_DEPTH", "MAX_SHOWN_CHARS", "Finding", "printable"]
 
 # accelerate's configs nest two levels (fsdp_config: {...}); PyYAML's composer recurses per
 # level, so a few KiB of `[[[[` would end in RecursionError: deeper is refused before it builds.
 MAX_CONFIG_DEPTH = 16
 MAX_SHOWN_CHARS = 400  # one value on the screen: outside text beyond it is cut, not printed
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A line of the screen; ``fix`` says what to do about its ``problem`` (alone: a note)."""
+
+    section: str
+    label: str
+    value: str
+    problem: str | None = None
+    fix: str | None = None
+
+
+def _flag(section: str, label: str, value: str, bad: Any, problem: str, fix: str) -> Finding:
+    return Finding(section, label, value, problem if bad else None, fix if bad else None)
 
 
 def printable(text: str, limit: int = MAX_SHOWN_CHARS) -> str:

@@ -43,6 +43,7 @@ from typing import Any
 
 from ..reports.kind_metrics import KIND_METRICS
 from ..reports.ranking import RANKING_TAG, recorded_ranking
+from ..runtime.foreign_mlflow import latest_metrics
 
 __all__ = ["LEAN_TAGS", "MAX_HELD", "MAX_POINTS", "RunsQuery", "expanded", "knob_names",
            "parse_held", "parse_query", "reader_for", "runs_answer"]
@@ -336,7 +337,8 @@ class _StoreReader:
 
     @staticmethod
     def _latest(run: Any, keys: set[str]) -> list[Any]:
-        return [m for m in getattr(run.data, "_metric_objs", []) if m.key in keys]
+        # The latest values with their steps: MLflow keeps them in a private name (the wall).
+        return [m for m in latest_metrics(run) if m.key in keys]
 
     def params(self, names: Mapping[str, list[str] | None]) -> dict[str, dict[str, str]]:
         """As :meth:`_SqlReader.params`."""

@@ -30,13 +30,16 @@ import sqlite3
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..tracking.mlflow_store import TrackingStoreError
+from .deadlines import call_within, fetch_within, shown_url
+
+T = TypeVar("T")
 
 __all__ = ["RunCatalog", "TrackedRun", "open_catalog", "sqlite_path", "sqlite_ready"]
 
@@ -286,9 +289,8 @@ class RestCatalog:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(url, data=data, headers=self._headers,
                                          method="GET" if body is None else "POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self._timeout) as response:
-                return json.loads(response.read() or b"{}")
+        try:  # the whole call within the timeout: a trickling server resets a socket's own
+            return json.loads(fetch_within(request, self._timeout) or b"{}")
         except urllib.error.HTTPError as err:
             try:
                 answer = json.loads(err.read() or b"{}")
@@ -351,12 +353,20 @@ class ClientCatalog:
 
         self.uri = uri
         self._client = MlflowClient(uri)
+        # MLflow's requests time out per socket read only: over http(s) each call is given
+        # MLFLOW_HTTP_REQUEST_TIMEOUT in all (the CLI sets 5 s), as RestCatalog's are.
+        self._deadline = (float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT") or 120)
+                          if uri.startswith(("http://", "https://")) else None)
+
+    def _within(self, fn: Callable[[], T]) -> T:
+        return fn() if self._deadline is None else call_within(
+            self._deadline, fn, f"the MLflow server at {shown_url(self.uri)}")
 
     def experiment_names(self) -> dict[str, str]:
-        return {e.experiment_id: e.name for e in self._client.search_experiments()}
+        return {e.experiment_id: e.name for e in self._within(self._client.search_experiments)}
 
     def experiment_id(self, name: str) -> str | None:
-        found = self._client.get_experiment_by_name(name)
+        found = self._within(lambda: self._client.get_experiment_by_name(name))
         return None if found is None else found.experiment_id
 
     def runs(self, experiment_ids: Sequence[str], tags: Mapping[str, str]) -> list[TrackedRun]:
@@ -364,9 +374,9 @@ class ClientCatalog:
             return []
         found, token = [], None
         while True:
-            page = self._client.search_runs(
-                list(experiment_ids), filter_string=_filter(tags), max_results=_PAGE,
-                order_by=["attributes.start_time DESC"], page_token=token)
+            page = self._within(functools.partial(
+                self._client.search_runs, list(experiment_ids), filter_string=_filter(tags),
+                max_results=_PAGE, order_by=["attributes.start_time DESC"], page_token=token))
             found += [TrackedRun(r.info.run_id, r.info.experiment_id, r.info.status,
                                  int(r.info.start_time or 0), dict(r.data.tags),
                                  dict(r.data.metrics), dict(r.data.params)) for r in page]
@@ -375,4 +385,4 @@ class ClientCatalog:
                 return found
 
     def set_tag(self, run_id: str, key: str, value: str) -> None:
-        self._client.set_tag(run_id, key, value)
+        self._within(lambda: self._client.set_tag(run_id, key, value))

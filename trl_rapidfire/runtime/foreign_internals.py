@@ -1,5 +1,6 @@
-"""Other libraries' private names, touched here and nowhere else (but for accelerate's
-singletons, in the wall :mod:`.accelerate_state`, and MLflow's engine cache, in
+"""The training stack's private names, touched here and nowhere else (but for accelerate's
+singletons, in the wall :mod:`.accelerate_state`; Optuna's, in :mod:`.foreign_optuna`; MLflow's
+entities', in :mod:`.foreign_mlflow`, and its engine cache, in
 :mod:`trl_rapidfire.tracking.mlflow_store`): each is a place a new version of that library can
 break, so each is named, says why, and has a public fallback.
 

@@ -46,19 +46,35 @@ def _refused(path: Path) -> LinkRefused:
                        "again.")
 
 
+def _not_regular(path: Path, mode: int) -> LinkRefused:
+    kind = next((what for test, what in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder")) if test(mode)), "not a file")
+    return LinkRefused(f"{path} is not a regular file ({kind}); trl-rapidfire keeps a file "
+                       "there and never reads anything else in its place. Remove it and run "
+                       "again.")
+
+
 def open_nofollow(path: str | os.PathLike, flags: int, mode: int = 0o644) -> int:
     """``os.open(path, flags | O_NOFOLLOW | O_CLOEXEC)``; a link at ``path`` is
     :class:`LinkRefused`, and so is anything but a regular file."""
     path = Path(path)
     try:
+        # O_NONBLOCK: opening a FIFO would otherwise wait for a writer, forever; what was
+        # opened is then checked by its descriptor, so a swap after any earlier look cannot
+        # slip a FIFO, socket or device past the check.
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise _refused(path) from None
+        if err.errno == errno.ENXIO:  # a socket (or a FIFO opened for writing, no reader)
+            with contextlib.suppress(OSError):
+                raise _not_regular(path, os.lstat(path).st_mode) from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    if not stat.S_ISREG(st_mode := os.fstat(fd).st_mode):
         os.close(fd)
-        raise LinkRefused(f"{path} is not a regular file; trl-rapidfire keeps a file there")
+        raise _not_regular(path, st_mode)
     if flags & os.O_NONBLOCK == 0:
         os.set_blocking(fd, True)
     return fd

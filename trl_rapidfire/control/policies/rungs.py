@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right, insort
-from typing import TYPE_CHECKING
 
 from ...shared_state.runs import RunStatus
-
-if TYPE_CHECKING:
-    from .base import RunHistory
+from .history import RunHistory, metric_at
 
 __all__ = ["Rung"]
 
@@ -85,8 +82,6 @@ class Rung:
             insort(self._waiting, waiting)
 
     def _key(self, history: RunHistory) -> float | None:
-        from .base import metric_at  # base imports this module
-
         if history.chunks_done < self.chunks:
             return None
         value = metric_at(history, self.metric, self.chunks)

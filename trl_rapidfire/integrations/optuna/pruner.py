@@ -39,6 +39,7 @@ import math
 from typing import Any
 
 from ...control.policies import Context, Decision, Policy, RunHistory, chunk_values
+from ...runtime.foreign_optuna import halving_rungs
 from ...shared_state.runs import RunStatus
 from .pruning_study import PruningStudy, cascades, replay, resolve_auto, trial_order
 from .support import require_optuna
@@ -153,20 +154,15 @@ class OptunaPruner(Policy):
     def _rung_grids(self) -> list[tuple[int, int]] | None:
         """Each (first rung step, reduction factor) the pruner promotes at, or ``None`` when
         it reads other steps too (or a resource is still ``"auto"``)."""
-        optuna = require_optuna("OptunaPruner")
-        p = optuna.pruners
         pruner = self._template if self._template is not None else self.pruner
-        kind = type(pruner)
-        if kind not in (p.SuccessiveHalvingPruner, p.HyperbandPruner):
+        rungs = halving_rungs(pruner)  # Optuna keeps them in private names: read in the wall
+        if rungs is None:
             return None
-        least, factor = getattr(pruner, "_min_resource", None), getattr(
-            pruner, "_reduction_factor", None)
-        if not isinstance(least, int) or not isinstance(factor, int) or least < 1 or factor < 2:
+        first, factor = rungs
+        if not isinstance(first, int) or not isinstance(factor, int) or first < 1 or factor < 2:
             return None
         # Hyperband's bracket b halves from min_resource * factor**b: together, every power.
-        rate = getattr(pruner, "_min_early_stopping_rate", 0) if kind is p.SuccessiveHalvingPruner \
-            else 0
-        return [(least * factor ** rate, factor)]
+        return [(first, factor)]
 
     def on_chunk_end(self, run: str, context: Context) -> list[Decision]:
         self._seen = context
@@ -213,7 +209,7 @@ class OptunaPruner(Policy):
     def _prune(self, run: str, step: int, value: float, context: Context,
                last: bool = False) -> bool:
         if self._template is None:
-            self._template = resolve_auto(copy.deepcopy(self.pruner), context.runs.values())
+            self._template = resolve_auto(self.pruner, context.runs.values())  # a copy
         question = (run, step, value, last)
         if not self._incremental:
             return self._rebuild(context, question, keep=False)
@@ -248,8 +244,9 @@ class OptunaPruner(Policy):
         depend on the order values arrive in, and the experiment is answered by replay."""
         if history.chunk_ends not in self._grids:
             self._grids.add(history.chunk_ends)
+            rungs = halving_rungs(self._template)
             if self._stateful and (cascades(self._template, history.chunk_ends)
-                                   or getattr(self._template, "_min_resource", 1) is None):
+                                   or (rungs is not None and rungs[0] is None)):
                 self._incremental = False
         return not self._incremental
 

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ...control.policies import RunHistory, chunk_values
+from ...runtime.foreign_optuna import halving_rungs, with_resources
 from ...shared_state.runs import RunStatus
 from .support import quiet_optuna, require_optuna
 
@@ -68,15 +69,13 @@ def _final(status: RunStatus, values: Mapping[int, float], state: Any) -> tuple[
 
 def rung_steps(pruner: Any, last: int) -> list[int] | None:
     """The steps at which a successive-halving pruner records values, up to ``last``
-    (Hyperband: every bracket's, the union); ``None`` for other pruners."""
-    optuna = require_optuna("OptunaPruner")
-    p = optuna.pruners
-    if type(pruner) is p.SuccessiveHalvingPruner:
-        low, factor = pruner._min_resource, pruner._reduction_factor
-        low *= factor ** pruner._min_early_stopping_rate
-    elif type(pruner) is p.HyperbandPruner:
-        low, factor = pruner._min_resource, pruner._reduction_factor
-    else:
+    (Hyperband: every bracket's, the union); ``None`` for other pruners, or while a resource
+    is still ``"auto"`` (Optuna's attributes are read in the wall, ``runtime.foreign_optuna``)."""
+    rungs = halving_rungs(pruner)
+    if rungs is None:
+        return None
+    low, factor = rungs
+    if not isinstance(low, int) or not isinstance(factor, int) or low < 1 or factor < 2:
         return None
     steps = []
     while low <= last:
@@ -98,20 +97,13 @@ def cascades(pruner: Any, ends: tuple[int, ...]) -> bool:
 
 
 def resolve_auto(pruner: Any, runs: Iterable[RunHistory]) -> Any:
-    """``pruner`` with its ``"auto"`` resources set as Optuna sets them once a trial has
-    completed, from the runs' planned last step: Optuna waits for a completed trial, which
-    in interleaved training comes at the very end (and the study would then compare early
-    values with other runs' final ones); the planned runs say now what it will be."""
-    optuna = require_optuna("OptunaPruner")
-    p = optuna.pruners
+    """A copy of ``pruner`` with its ``"auto"`` resources set as Optuna sets them once a
+    trial has completed, from the runs' planned last step: Optuna waits for a completed trial,
+    which in interleaved training comes at the very end (and the study would then compare
+    early values with other runs' final ones); the planned runs say now what it will be.
+    ``pruner`` itself, the user's object, is never changed (the wall copies it)."""
     last = max((h.chunk_ends[-1] for h in runs if h.chunk_ends), default=0)
-    if last <= 0:
-        return pruner
-    if type(pruner) is p.SuccessiveHalvingPruner and pruner._min_resource is None:
-        pruner._min_resource = max(last // 100, 1)  # Optuna's _estimate_min_resource
-    if type(pruner) is p.HyperbandPruner and pruner._max_resource == "auto":
-        pruner._max_resource = last + 1  # Optuna's _try_initialization
-    return pruner
+    return with_resources(pruner, last)
 
 
 class PruningStudy:
@@ -127,7 +119,7 @@ class PruningStudy:
 
     def __init__(self, pruner: Any, direction: str, metric: str, stateful: bool) -> None:
         optuna = require_optuna("OptunaPruner")
-        self._state = optuna.trial.TrialState
+        self.states = optuna.trial.TrialState  # public: replay() reads it too
         self.pruner, self.metric, self.stateful = pruner, metric, stateful
         self.storage = optuna.storages.InMemoryStorage()
         with quiet_optuna():
@@ -190,9 +182,9 @@ class PruningStudy:
     def final_of(self, history: RunHistory) -> tuple[Any, float | None]:
         """The trial state and value of ``history``'s run (:func:`_final`), PRUNED for a
         completed run the pruner pruned at its last value."""
-        final = _final(history.status, _values(history, self.metric), self._state)
-        if final[0] == self._state.COMPLETE and self.judged.get(history.name):
-            return self._state.PRUNED, final[1]
+        final = _final(history.status, _values(history, self.metric), self.states)
+        if final[0] == self.states.COMPLETE and self.judged.get(history.name):
+            return self.states.PRUNED, final[1]
         return final
 
     def feed(self, history: RunHistory, new: list[tuple[int, float]],
@@ -203,25 +195,26 @@ class PruningStudy:
         name = history.name
         verdict = False
         for step, value in new:
-            self._report(name, step, value)
+            self.report(name, step, value)
             if self.stateful:
-                verdict = self._prune(name)  # it records the rungs
+                verdict = self.prune(name)  # it records the rungs
         if asking:
             return
         completed = history.status == RunStatus.COMPLETED
         if completed and new and name not in self.judged:
             # Its last value came in here: asked about it, as after a trial's last report.
-            self.judged[name] = verdict if self.stateful else self._prune(name)
+            self.judged[name] = verdict if self.stateful else self.prune(name)
         self.settle(history)
 
     def settle(self, history: RunHistory) -> None:
         """Finish the run's trial if the run has left the rotation (once)."""
         if history.name not in self._finished:
             final = self.final_of(history)
-            if final[0] != self._state.RUNNING:
+            if final[0] != self.states.RUNNING:
                 self.finish(history.name, final)
 
-    def _report(self, name: str, step: int, value: float) -> None:
+    def report(self, name: str, step: int, value: float) -> None:
+        """``value`` at ``step`` reported to the run's trial, as ``trial.report`` does."""
         self.storage.set_trial_intermediate_value(self._ids[name], step, value)
         self._fed[name][step] = value
 
@@ -231,7 +224,8 @@ class PruningStudy:
                                             None if value is None else [value])
         self._finished[name] = final
 
-    def _prune(self, name: str) -> bool:
+    def prune(self, name: str) -> bool:
+        """Whether the pruner prunes the run's trial now, as ``trial.should_prune()`` asks."""
         self.prune_calls += 1
         return bool(self.pruner.prune(self.study, self.storage.get_trial(self._ids[name])))
 
@@ -239,8 +233,8 @@ class PruningStudy:
         """The question: ``value`` at ``step`` reported to the run's trial, then whether the
         pruner prunes it (``last``: the run's last value, the verdict kept in
         :attr:`judged`)."""
-        self._report(name, step, value)
-        answer = self._prune(name)
+        self.report(name, step, value)
+        answer = self.prune(name)
         if last:
             self.judged[name] = answer
         return answer
@@ -270,21 +264,21 @@ def replay(pruner: Any, direction: str, metric: str, stateful: bool,
         if values:
             last_event[history.name] = (max(values), number)
     events.sort(key=lambda e: (e[0], e[1]))
-    finals = {h.name: _final(h.status, _values(h, metric), book._state) for h in runs.values()}
+    finals = {h.name: _final(h.status, _values(h, metric), book.states) for h in runs.values()}
     for name, final in finals.items():
-        if name not in last_event and name != held and final[0] != book._state.RUNNING:
+        if name not in last_event and name != held and final[0] != book.states.RUNNING:
             book.finish(name, final)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the replay's answers are not the question's
         for step, number, name, value in events:
-            book._report(name, step, value)
+            book.report(name, step, value)
             # The question's run ends after its question (its last value may be it).
             last = last_event[name] == (step, number) and name != held
-            completed = last and finals[name][0] == book._state.COMPLETE
-            verdict = book._prune(name) if stateful or completed else False
+            completed = last and finals[name][0] == book.states.COMPLETE
+            verdict = book.prune(name) if stateful or completed else False
             if completed:
                 book.judged[name] = (verdicts or {}).get(name, verdict)
-            if last and finals[name][0] != book._state.RUNNING:
+            if last and finals[name][0] != book.states.RUNNING:
                 book.finish(name, book.final_of(runs[name]))
     answer = book.ask(*question) if question else False
     if held is not None:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...config.knobs import List
+from ...runtime.foreign_optuna import grid_search_space
 from ...search.fingerprint import config_doc
 from ...search.fingerprint import describe as describe_argument
 from ...search.searches import AdaptiveSearch, RunSpec, Search, SearchError
@@ -146,8 +147,7 @@ class OptunaSearch(AdaptiveSearch):
         sampler = self.sampler_for(0)
         if not isinstance(sampler, optuna.samplers.GridSampler):
             return None
-        # Optuna keeps the grid only in this attribute (sorted by name, values as given).
-        grid = {str(k): list(v) for k, v in getattr(sampler, "_search_space", {}).items()}
+        grid = grid_search_space(sampler)  # Optuna keeps it in a private name: the wall reads it
         names = sorted(space.distributions)
         if sorted(grid) != names:
             raise SearchError(

@@ -119,7 +119,8 @@ class StudyBook:
         """Under the lock, before Optuna reads it: the lines appended to the journal since the
         last look are JSON within the bounds of any state file (Optuna's parser recurses, and
         a bad line would reach the user as a bare ``JSONDecodeError``); a damaged line, or a
-        link where the journal is, is a :class:`StoreError` naming the file."""
+        link, FIFO, socket or device where the journal is, is a :class:`StoreError` naming the
+        file."""
         try:
             st = os.lstat(self.path)
         except FileNotFoundError:
@@ -128,7 +129,10 @@ class StudyBook:
         if st.st_size < self._checked:  # replaced by another (restored) journal: read it all
             self._checked = 0
             self._numbers, self._scanned, self._proposed = {}, 0, 0
-        if st.st_size == self._checked and not stat.S_ISLNK(st.st_mode):
+        # Only a regular file may skip the read: Optuna opens the journal itself, with a plain
+        # blocking open(), so a FIFO (size 0, as an empty journal) would hang it forever.
+        # open_nofollow opens without blocking and refuses anything but a regular file.
+        if st.st_size == self._checked and stat.S_ISREG(st.st_mode):
             return
         try:
             fd = open_nofollow(self.path, os.O_RDONLY)
