@@ -22,8 +22,8 @@ from ..storage.layout import Layout, run_order
 from ..tracking.tags import read_experiment_id
 from .tracked_runs import RunCatalog, TrackedRun, open_catalog, sqlite_path
 
-__all__ = ["Experiment", "KnobColumns", "experiment_runs", "find_experiment", "knob_columns",
-           "list_experiments", "tracked_knobs"]
+__all__ = ["Experiment", "KnobColumns", "experiment_runs", "experiment_state", "find_experiment",
+           "gone_here", "knob_columns", "list_experiments", "tracked_knobs"]
 
 _LISTED = 5  # experiments named in a message
 # The knob columns of a status table: a few, each value cut, so that a line stays readable
@@ -68,22 +68,33 @@ class Experiment:
 
 
 def _state(run: TrackedRun, now: float) -> tuple[str, float | None]:
+    return experiment_state(run.status, run.tags, now)
+
+
+def experiment_state(status: str, tags: Mapping[str, str], now: float | None = None
+                     ) -> tuple[str, float | None]:
+    """What an experiment's parent run (its MLflow ``status`` and ``tags``) says of it, as
+    every view on this machine shows it (the CLI, the dashboard's panel): ``training``,
+    ``finished``, ``failed``, ``killed`` or ``not responding``; and its last heartbeat. A
+    process on this machine that is gone is said at once (killed outright: its heartbeat would
+    take minutes to age, and MLflow keeps it RUNNING)."""
     from ..tracking.tags import HEARTBEAT_STALE, HEARTBEAT_TAG
 
-    beat = run.tags.get(HEARTBEAT_TAG, "")
+    now = time.time() if now is None else now
+    beat = tags.get(HEARTBEAT_TAG, "")
     seen = float(beat) if re.fullmatch(r"\d+(\.\d+)?", beat) else None
-    if run.status == "RUNNING":
+    if status == "RUNNING":
         fresh = seen is not None and now - seen <= HEARTBEAT_STALE
-        return ("training" if fresh and not _gone_here(run) else "not responding"), seen
-    return {"FINISHED": "finished", "FAILED": "failed"}.get(run.status, "killed"), seen
+        return ("training" if fresh and not gone_here(tags) else "not responding"), seen
+    return {"FINISHED": "finished", "FAILED": "failed"}.get(status, "killed"), seen
 
 
-def _gone_here(run: TrackedRun) -> bool:
-    """Whether the process that trains ``run`` (its ``host:pid`` tag) was on this machine and
-    is gone (killed outright: its heartbeat would take minutes to age)."""
+def gone_here(tags: Mapping[str, str]) -> bool:
+    """Whether the process that trains a parent run with ``tags`` (its ``host:pid`` tag) was
+    on this machine and is gone."""
     from ..tracking.tags import PROCESS_TAG
 
-    found = re.fullmatch(r"([A-Za-z0-9._-]{1,253}):(\d{1,10})", run.tags.get(PROCESS_TAG, ""))
+    found = re.fullmatch(r"([A-Za-z0-9._-]{1,253}):(\d{1,10})", tags.get(PROCESS_TAG, ""))
     if found is None or found.group(1) != socket.gethostname():
         return False
     try:
@@ -157,7 +168,7 @@ def list_experiments(
         state, seen = _state(run, now)
         found.append(Experiment(catalog.uri, run.experiment_id, run.tags[EXPERIMENT_TAG],
                                 run.run_id, names[run.experiment_id], state, seen,
-                                process_gone=_gone_here(run)))
+                                process_gone=gone_here(run.tags)))
     return found
 
 

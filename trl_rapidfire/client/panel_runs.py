@@ -16,7 +16,13 @@ store the server serves (``mlflow.server.handlers``'s own tracking store) and an
 - ``points``: the ``loss`` points logged since the page's last refresh (at most
   ``MAX_POINTS`` an answer: the rest come with the next ones);
 - ``gone``: the id prefixes of runs the page holds that are no longer there; ``full``:
-  whether the page held nothing (a first refresh).
+  whether the page held nothing (a first refresh);
+- ``state`` (when it is not ``training``): the experiment's state as the CLI says it
+  (:func:`.experiments.experiment_state`: a training process on the server's machine that
+  is gone reads ``not responding`` at once, whatever MLflow's RUNNING and its heartbeat
+  say), and per row ``shown``: the run's status
+  as the views show it (``interrupted`` for a run in the rotation of an experiment that is not
+  training).
 
 Which runs moved is said by the page itself, so that any server process can answer (``mlflow
 server`` runs 4 by default) and none keeps anything between two refreshes: each row carries
@@ -44,6 +50,9 @@ from typing import Any
 from ..reports.kind_metrics import KIND_METRICS
 from ..reports.ranking import RANKING_TAG, recorded_ranking
 from ..runtime.foreign_mlflow import latest_metrics
+from ..shared_state.runs import shown_status
+from ..tracking.tags import HEARTBEAT_TAG, PROCESS_TAG
+from .experiments import experiment_state
 
 __all__ = ["LEAN_TAGS", "MAX_HELD", "MAX_POINTS", "RunsQuery", "expanded", "knob_names",
            "parse_held", "parse_query", "reader_for", "runs_answer"]
@@ -52,6 +61,8 @@ __all__ = ["LEAN_TAGS", "MAX_HELD", "MAX_POINTS", "RunsQuery", "expanded", "knob
 LEAN_TAGS = ("rapidfire.run", "rapidfire.status", "rapidfire.progress", "rapidfire.op",
              "rapidfire.op.result", "rapidfire.op.seq", "rapidfire.knobs", "rapidfire.parent",
              "rapidfire.warm_start", RANKING_TAG)
+# What the experiment's state is read from (experiments.experiment_state).
+_PARENT_TAGS = (HEARTBEAT_TAG, PROCESS_TAG)
 _SHOWN = ("loss", "eval_loss")  # every row has these (None: not logged yet)
 # A trainer kind's own metric (a reward model's accuracy, a policy's reward): in a row when
 # logged, its column shown beside the losses (reports/kind_metrics.py).
@@ -66,6 +77,7 @@ _BATCH = 500  # ids in one IN (...) list, under sqlite's variable limit
 _EXPERIMENT_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
 _RFID = re.compile(r"^[0-9a-f]{8,64}$")
 _HELD = re.compile(r"^[0-9a-f]{16}[0-9a-f]{0,12}$")
+_SQL_INT_MAX = 2**63 - 1  # an SQL store's experiment ids are 64-bit integers
 _METRIC = re.compile(r"^[A-Za-z0-9_./-]{1,120}$")  # MLflow's metric names, bounded
 
 
@@ -113,7 +125,9 @@ def parse_query(args: Mapping[str, Any]) -> RunsQuery:
         raise ValueError("'metric' must be a logged metric's name")
     if mode not in (None, "min", "max"):
         raise ValueError("'mode' must be 'min' or 'max'")
-    if not isinstance(experiment, str) or not _EXPERIMENT_ID.match(experiment):
+    if (not isinstance(experiment, str) or not _EXPERIMENT_ID.match(experiment)
+            or (experiment.isdigit() and int(experiment) > _SQL_INT_MAX)):
+        # A number past the store's integers is no experiment of it (not a server error).
         raise ValueError("'experiment' must be an MLflow experiment id")
     if not isinstance(rfid, str) or not _RFID.match(rfid):
         raise ValueError("'rfid' must be a trl-rapidfire experiment id (8-64 hex digits)")
@@ -177,6 +191,11 @@ def runs_answer(store: Any, query: RunsQuery) -> dict[str, Any]:
     reader = reader_for(store)
     held = query.held or {}
     rows = reader.rows(query.experiment, query.rfid)
+    status, tags = reader.parent(query.experiment, query.rfid)
+    state = experiment_state(status, tags)[0] if status is not None else None
+    for row in rows:  # part of the row's digest: a row is sent again when its shown status moves
+        row["shown"] = shown_status(row["tags"].get("rapidfire.status"),
+                                    training=state in (None, "training"))
     prefixes = [r["id"][:_PREFIX] for r in rows]
     shared = {p for p, n in Counter(prefixes).items() if n > 1}  # held by no one: re-sent
     changed, steps, new = [], {}, {}
@@ -196,9 +215,12 @@ def runs_answer(store: Any, query: RunsQuery) -> dict[str, Any]:
     moved = {r["id"]: steps[r["id"]] for r in rows
              if r["loss"] is not None and r["loss"][1] > steps[r["id"]]}
     now = set(prefixes)
-    return {"full": query.held is None, "runs": changed,
-            "gone": sorted(p for p in held if p not in now),
-            "points": reader.points(moved, MAX_POINTS)}
+    answer = {"full": query.held is None, "runs": changed,
+              "gone": sorted(p for p in held if p not in now),
+              "points": reader.points(moved, MAX_POINTS)}
+    if state not in (None, "training"):  # the page's own reading (its heartbeat) is outdone
+        answer["state"] = state
+    return answer
 
 
 def _row(run_id: str, name: str, status: str, tags: dict[str, str],
@@ -258,6 +280,23 @@ class _SqlReader:
                 **binds):
             metrics.setdefault(run_id, {})[key] = [None if is_nan else value, step]
         return [_row(r[0], r[1], r[2], tags[r[0]], metrics.get(r[0], {})) for r in runs]
+
+    def parent(self, experiment: str, rfid: str) -> tuple[str | None, dict[str, str]]:
+        """The MLflow status and the heartbeat and process tags of the experiment's parent run
+        (``None``: no parent run)."""
+        found = self._all(
+            "SELECT r.run_uuid, r.status FROM runs r JOIN tags e ON e.run_uuid = r.run_uuid"
+            " JOIN tags o ON o.run_uuid = r.run_uuid WHERE r.experiment_id = :eid"
+            " AND r.lifecycle_stage = 'active' AND e.key = 'rapidfire.experiment'"
+            " AND e.value = :rfid AND o.key = 'rapidfire.role' AND o.value = 'experiment'"
+            " ORDER BY r.start_time DESC", eid=_sql_id(experiment), rfid=rfid)
+        if not found:
+            return None, {}
+        run_id, status = found[0]
+        tags = {k: v for k, v in self._all(
+            "SELECT key, value FROM tags WHERE run_uuid = :run AND key IN :keys", ("keys",),
+            run=run_id, keys=list(_PARENT_TAGS))}
+        return status, tags
 
     def params(self, names: Mapping[str, list[str] | None]) -> dict[str, dict[str, str]]:
         """The knobs ``names`` of each run (``None``: all its params)."""
@@ -339,6 +378,18 @@ class _StoreReader:
     def _latest(run: Any, keys: set[str]) -> list[Any]:
         # The latest values with their steps: MLflow keeps them in a private name (the wall).
         return [m for m in latest_metrics(run) if m.key in keys]
+
+    def parent(self, experiment: str, rfid: str) -> tuple[str | None, dict[str, str]]:
+        """As :meth:`_SqlReader.parent`."""
+        from mlflow.entities import ViewType
+
+        page = self.store.search_runs(
+            [experiment], f"tags.`rapidfire.role` = 'experiment' and tags.`rapidfire.experiment`"
+            f" = '{rfid}'", ViewType.ACTIVE_ONLY, 1, ["attributes.start_time DESC"], None)
+        if not page:
+            return None, {}
+        run = page[0]
+        return run.info.status, {k: v for k, v in run.data.tags.items() if k in _PARENT_TAGS}
 
     def params(self, names: Mapping[str, list[str] | None]) -> dict[str, dict[str, str]]:
         """As :meth:`_SqlReader.params`."""

@@ -11,10 +11,11 @@ keeps the first K rows."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["OP_CHARS", "show_status", "sort_order"]
+__all__ = ["OP_CHARS", "ahead_of_mlflow", "show_status", "sort_order"]
 
 OP_CHARS = 60  # an op's text is cut to this many characters, unless --full
 RUN_ORDER = "run"  # --sort run: the runs in run order (run-0, run-1, ..., run-10)
@@ -149,6 +150,38 @@ def _print_front(output_dir: str | None) -> None:
         print(f"Pareto front: {' '.join(front) or '-'} (no run better in every objective)")
 
 
+def _folder_records(output_dir: str | None) -> dict[str, Any]:
+    """The runs' records in the experiment's folder (its shared state), by name; none without
+    a folder or a state there."""
+    if output_dir is None:
+        return {}
+    from ..control.folder_control import folder_runs
+
+    try:
+        return {r.name: r for r in folder_runs(output_dir)}
+    except Exception:  # noqa: BLE001 - a folder being written, or not ours: MLflow alone
+        return {}
+
+
+_PROGRESS = re.compile(r"(?:chunk|done) (\d+)/(\d+)")
+
+
+def ahead_of_mlflow(status: str | None, progress: str, record: Any) -> tuple[str | None, str]:
+    """A run's status and progress as its MLflow tags say them, or, where the folder's shared
+    state ``record`` (a :class:`~..shared_state.runs.RunState`) has more chunks done (MLflow
+    lags: its writes are queued, or the process was killed before they were made), as the
+    folder says them: a run with chunks done is never ``pending``."""
+    if record is None:
+        return status, progress
+    found = _PROGRESS.match(progress or "")
+    shown = int(found.group(1)) if found else 0
+    if record.chunks_done <= shown:
+        return status, progress
+    total = f"/{found.group(2)}" if found else ""
+    return (record.status.value,
+            f"chunk {record.chunks_done}{total} (step {record.global_step})")
+
+
 def show_status(output_dir: str | None, *, full: bool, untracked: bool,
                 where: dict[str, Any], sort: str | None = None, top: int | None = None) -> int:
     """Print the runs of the experiment ``where`` names (tracked in MLflow), or of the
@@ -186,12 +219,15 @@ def show_status(output_dir: str | None, *, full: bool, untracked: bool,
         key = next((k for k in by.keys if any(k in run.metrics for run in runs)), by.key)
         if key not in ("loss", "eval_loss", *kind.values()):
             kind[key] = key
+    folder = _folder_records(output_dir)
     for run, cells in zip(runs, knobs.cells):
         tags, metrics = run.tags, run.metrics
+        status, progress = ahead_of_mlflow(tags.get("rapidfire.status"),
+                                           tags.get("rapidfire.progress", "-"),
+                                           folder.get(tags.get("rapidfire.run", "")))
         # A run in the rotation of an experiment not training (Ctrl-C, a kill): interrupted.
-        rows.append([tags.get("rapidfire.run"),
-                     shown_status(tags.get("rapidfire.status"), training=exp.training),
-                     tags.get("rapidfire.progress", "-"), format_value(metrics.get("loss")),
+        rows.append([tags.get("rapidfire.run"), shown_status(status, training=exp.training),
+                     progress, format_value(metrics.get("loss")),
                      format_value(metrics.get("eval_loss")),
                      *(format_value(metrics.get(key)) for key in kind.values()), *cells,
                      _op_text(tags.get("rapidfire.op", ""), full),

@@ -25,20 +25,20 @@ from ..shared_state.store import (
     expire,
     fail_claimed,
     finish_chunk,
-    finish_gang_chunk,
-    gang_ready,
     handoff,
     mark_durable,
     release,
-    renew,
     roll_back,
 )
 from ..shared_state.worker_info import WorkerInfo
 from ..storage.faults import checkpoint_fault
+from ..storage.layout import Layout
 from ..storage.schedule import ChunkRecord, ScheduleAppender, read_schedule_csv, write_schedule_csv
 from .catch_up import catch_up_from_disk
 from .claims import Claim, Done, GangWait, Retry, Turn, Wait, ready_call
 from .faults import FaultNote
+from .gangs import GangMembership
+from .joining import check_alone, join, leave
 from .lifetime import WallClock
 from .policy_view import MovedRuns
 from .records import (
@@ -56,7 +56,7 @@ from .records import (
 __all__ = ["Claim", "Coordinator", "Done", "GangWait", "Retry", "Turn", "Wait"]
 
 
-class Coordinator:
+class Coordinator(GangMembership):
     """Claims, leases, gangs and finished chunks of this worker, against the shared state.
 
     Args:
@@ -106,6 +106,10 @@ class Coordinator:
         self._queue = RunQueue(worker.id)
         self._unsynced: set[str] | None = None
         self.moved = MovedRuns()  # runs whose view moved since the policy last looked
+        # Refused here, before anything is built on disk or in MLflow, if another process
+        # trains the folder (see .joining); checked again under the lock by register().
+        self.layout = Layout(schedule_path.parent)
+        check_alone(self.layout, worker)
 
     # ------------------------------------------------------------------ this worker's view
 
@@ -114,6 +118,7 @@ class Coordinator:
         that an earlier process (a killed experiment) or another worker left. Returns every
         run's record and the clones this process has yet to build."""
         with self.store.transaction() as st:
+            join(self.layout, self.worker, st)  # or refused: another process trains here
             for slot in self.slots.values():
                 if slot.gang:
                     st.gang_size[slot.name] = slot.gang
@@ -203,8 +208,11 @@ class Coordinator:
         return {n: dict(info) for n, info in st.clones.items() if n not in self.slots}
 
     def close_files(self) -> None:
-        """The ``run()`` call ends: let go of ``schedule.csv`` (the writer has drained)."""
+        """The ``run()`` call ends: let go of ``schedule.csv`` (the writer has drained), and
+        of the folder (another process may train it from now on)."""
         self._rows.close()
+        with self.store.transaction(durable=False):
+            leave(self.layout, self.worker)
 
     def read_wall_seconds(self) -> float:
         """Training wall time of the experiment's earlier sessions."""
@@ -436,65 +444,3 @@ class Coordinator:
                 concurrent.futures.wait([entry.committed])
                 return True
         return bool(self._pending)
-
-    # ------------------------------------------------------------------ gangs
-
-    def wait_for_gang(self, slot: RunSlot) -> GangWait:
-        """Until every member of the gang has joined (they join as they finish the chunk
-        they are training); ``BROKEN`` if the gang broke up (a member died), ``TIMED_OUT`` if
-        it could not form within ``gang_wait_seconds`` (then the run fails, saying why)."""
-        deadline = time.time() + self.gang_wait_seconds
-        while True:
-            with self._transaction(durable=False) as st:
-                expire(st, now=time.time())
-                ready = gang_ready(st)
-                if ready is None or st.gang["run"] != slot.name:
-                    return GangWait.BROKEN
-                if not ready and time.time() > deadline:
-                    joined = len(st.gang["members"])
-                    release(st, slot.name, self.worker.id)
-                    slot.outcome.error = (f"its gang of {slot.gang} workers did not form within "
-                                  f"{self.gang_wait_seconds:g} s ({joined} joined): are all "
-                                  "the launch's workers still in train()?")
-                    st.runs[slot.name].fail(slot.outcome.error)
-                    self.sync(st)
-                    return GangWait.TIMED_OUT
-                renew(st, slot.name, self.worker.id, now=time.time(),
-                      lease_seconds=self.lease_seconds)
-            if ready:
-                return GangWait.READY
-            time.sleep(self.idle_wait)
-
-    def _wait_for_gang_record(self) -> None:
-        """If this worker has done its share of a gang chunk, wait until the chunk is
-        recorded (by the last member): ops act on recorded boundaries."""
-        if not any(slot.gang for slot in self.slots.values()):
-            return
-        while True:
-            with self._transaction(durable=False) as st:
-                expire(st, now=time.time())  # a member that died ends the gang
-                if st.gang is None or self.worker.id not in st.gang["done"]:
-                    self.sync(st)  # the chunk as the last member recorded it
-                    return
-            time.sleep(self.idle_wait)
-
-    def finish_gang_chunk(self, slot: RunSlot, record: ChunkRecord) -> None:
-        """This member's share of the chunk (and of its checkpoint) is done: record it; the
-        last member to get here records the chunk itself."""
-        with self._transaction() as st:
-            st.chunks_total[slot.name] = len(slot.plan)
-            last = finish_gang_chunk(st, slot.name, self.worker.id, record.number,
-                                     global_step=record.end_step, complete=slot.outcome.finished)
-            if last:
-                self._rows.append(record)
-            if last is not False:
-                self.schedule.append(record)
-                slot.turn.local_chunks = (record.number + 1 if not slot.outcome.finished
-                                          else len(slot.plan))
-            else:
-                warnings.warn(f"{slot.name}: its gang broke up during chunk {record.number}; "
-                              "the chunk is trained again.", RuntimeWarning, stacklevel=4)
-                slot.turn.local_chunks = -1
-                self._resync(slot)
-            self.sync(st)
-

@@ -255,6 +255,7 @@ class Engine(RunCallEdges):
         """The scheduler loop of one ``run()`` call."""
         if not self._registered:
             self._register()
+        self._announce_training()
         if self.worker.rank == 0:
             self._clock.before = self._shared.read_wall_seconds()
         if self._progress is not None:  # made by this loop's run() call (says if it continues)

@@ -75,17 +75,22 @@ class RunCallEdges:
         gc.freeze()
         # Only the first worker applies ops from tags: the others need not poll them.
         self._reporter.start(polling=self.worker.rank == 0)
-        if self.worker.rank == 0:
-            with contextlib.suppress(OSError):  # advisory: the CLI's check for untracked runs
-                mark_alive(self.layout)
-            if self.ranking is not None:  # for the views of an untracked experiment; written
-                # by train(), not by the constructor (building writes nothing to the folder)
-                write_ranking(self.layout.output_dir, self.ranking)
         started = self._clock.started = time.perf_counter()
         self._shared.new_call()
         self._ops.new_call()
         self.interrupted = False
         return started, install_sigint(self)
+
+    def _announce_training(self) -> None:
+        """Once this worker is registered (so a second process refused there never takes the
+        folder's ``alive.json`` from the one training it): say that this process trains."""
+        if self.worker.rank != 0:
+            return
+        with contextlib.suppress(OSError):  # advisory: the CLI's check for untracked runs
+            mark_alive(self.layout)
+        if self.ranking is not None:  # for the views of an untracked experiment; written
+            # by train(), not by the constructor (building writes nothing to the folder)
+            write_ranking(self.layout.output_dir, self.ranking)
 
     def _end_run_call(self, started: float, ok: bool, previous_handler: Any,
                       outcome: str) -> None:

@@ -116,7 +116,10 @@ function toRun(row, held) {
   const metric = (m) => (m ? {value: m[0], step: m[1]} : undefined);
   const order = runOrder(row.name);
   return {
-    id: row.id, v: row.v, name: row.name, status: tags[TAG.status] || "-", progress: tags[TAG.progress] || "",
+    // `shown`: the status as every view shows it (the server says "interrupted" for a run
+    // in the rotation of an experiment whose process is gone).
+    id: row.id, v: row.v, name: row.name, status: row.shown || tags[TAG.status] || "-",
+    progress: tags[TAG.progress] || "",
     // A row's metrics are its [value, step] pairs: the losses, a kind's own, the ranking's.
     metrics: Object.fromEntries(Object.entries(row).filter(([, v]) => Array.isArray(v))
       .map(([k, v]) => [k, metric(v)])),
@@ -186,6 +189,10 @@ async function loadRuns(exp) {
   const body = {experiment: exp.eid, rfid: exp.rfid};
   if (state.loaded) body.held = heldText();
   const reply = await call(`${PANEL_API}runs`, body);
+  if (reply.state) {  // the server's word (it sees this machine's processes, as the CLI)
+    exp.state = reply.state;
+    document.getElementById("state").textContent = exp.state;
+  }
   const held = reply.full ? new Map() : new Map(state.runs.map((r) => [r.id, r]));
   if (reply.full) state.history = {};
   const gone = new Set(reply.gone || []);
