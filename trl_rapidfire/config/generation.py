@@ -18,7 +18,8 @@ from ..storage.outside_text import OutsideTextError, loads
 from .errors import RFConfigError
 from .knobs import List, is_knob
 
-__all__ = ["MAX_BEAMS", "MAX_LENGTH", "MAX_NEW_TOKENS", "GenerationEvalFields",
+__all__ = ["MAX_BEAMS", "MAX_LENGTH", "MAX_NEW_TOKENS", "MIN_SAMPLING_TEMPERATURE",
+           "GenerationEvalFields",
            "check_generation_fields", "generation_config_from"]
 
 # A generation config's JSON is small: a few dozen fields.
@@ -33,6 +34,12 @@ MAX_LENGTH = 1 << 20
 
 MAX_BEAMS = 64
 """``num_beams`` / ``num_beam_groups``: generation memory grows with beams times the batch."""
+
+MIN_SAMPLING_TEMPERATURE = 1e-2
+"""The lowest temperature to sample at: logits are divided by it, and far below this they
+overflow to infinity and sampling fails (NaN probabilities) after a chunk of training; below
+it sampling is greedy in all but name, which ``do_sample=False`` says."""
+
 
 @dataclass(frozen=True)
 class _Bound:
@@ -150,6 +157,12 @@ def _check_set_fields(fields: Mapping[str, Any], name: str) -> None:
             continue
         # temperature 0 is a common way to say "greedy"; greedy search never reads it.
         greedy_zero = key == "temperature" and value == 0 and fields.get("do_sample") is False
+        if key == "temperature" and fields.get("do_sample") and bound.holds(value) and (
+                value < MIN_SAMPLING_TEMPERATURE):
+            raise RFConfigError(f"`{name}.temperature` is {_shown(value)} with do_sample=True: "
+                                f"sampling divides the logits by it, so it must be at least "
+                                f"{MIN_SAMPLING_TEMPERATURE:g} (MIN_SAMPLING_TEMPERATURE). Use "
+                                "e.g. temperature=0.7, or do_sample=False for greedy answers.")
         if not greedy_zero and not bound.holds(value):
             unset = "" if key == "max_new_tokens" else (", or leave it unset (the model's "
                                                         "generation config decides)")
@@ -163,6 +176,11 @@ def _check_set_fields(fields: Mapping[str, Any], name: str) -> None:
     if groups > beams:
         raise RFConfigError(f"`{name}.num_beam_groups` is {groups}, over num_beams {beams}: "
                             "each group needs a beam. Use num_beams >= num_beam_groups.")
+    if fields.get("stop_strings"):
+        raise RFConfigError(f"`{name}.stop_strings` is {_shown(fields['stop_strings'])}: "
+                            "generate needs the tokenizer to match stop strings, and the "
+                            "evaluation passes it token ids only. Stop on tokens instead, "
+                            "e.g. eos_token_id=[2, 13], or leave stop_strings unset.")
     if fields.get("return_dict_in_generate") not in (None, False):
         raise RFConfigError(f"`{name}.return_dict_in_generate` is "
                             f"{_shown(fields['return_dict_in_generate'])}: the evaluation "
@@ -207,7 +225,8 @@ def generation_config_from(value: Any, name: str) -> GenerationConfig:
         raise RFConfigError(f"`{name}` needs max_new_tokens: every evaluation generates for "
                             f"each eval row, so bound its answers. Use e.g. {example}.")
     _check_set_fields({key: getattr(value, key, None) for key in _BOUNDS} | {
-        "return_dict_in_generate": value.return_dict_in_generate}, name)
+        "return_dict_in_generate": value.return_dict_in_generate,
+        "stop_strings": getattr(value, "stop_strings", None)}, name)
     try:
         value.validate()
     except (TypeError, ValueError) as err:
@@ -248,6 +267,7 @@ def check_generation_fields(raw: Mapping[str, Any]) -> None:
     for value in config.values if isinstance(config, List) else [config]:
         if value is not None:
             generation_config_from(value, "generation_config")
+    _check_sampling_fields(raw)
     for name, least in (("generation_eval_rows", 1), ("generation_saved_rows", 0)):
         if name not in raw:  # a config without these fields (GRPO)
             continue
@@ -259,3 +279,20 @@ def check_generation_fields(raw: Mapping[str, Any]) -> None:
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise RFConfigError(f"`{name}` must be an integer >= {least}, got {v!r}. Use "
                                     f"e.g. {name}={max(least, 8)}.")
+
+
+def _check_sampling_fields(raw: Mapping[str, Any]) -> None:
+    """The fields of a config that samples by itself (GRPO's ``temperature`` and
+    ``generation_kwargs``; a distillation's softmax ``temperature``): every candidate."""
+    for name in ("temperature", "generation_kwargs"):
+        value = raw.get(name)
+        for v in value.values if isinstance(value, List) else [value]:
+            number = _real(v) if name == "temperature" else None
+            if number is not None and 0 < number < MIN_SAMPLING_TEMPERATURE:
+                raise RFConfigError(f"`temperature` is {_shown(v)}: the logits are divided by "
+                                    f"it, so it must be at least {MIN_SAMPLING_TEMPERATURE:g} "
+                                    "(MIN_SAMPLING_TEMPERATURE). Use e.g. temperature=0.7.")
+            if name == "generation_kwargs" and isinstance(v, Mapping):
+                # They override the run's sampling: the same bounds as a generation config,
+                # sampling included (these trainers always sample).
+                _check_set_fields({"do_sample": True, **v}, name)

@@ -26,12 +26,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
-import functools
 import json
 import math
 import os
 import time
-import typing
+import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +41,15 @@ from ..config.plan_limits import plan_field_problem
 from ..storage.csv_logs import append_row, read_rows, utc_seconds, utc_text
 from ..storage.names import UntrustedValue
 from ..storage.outside_text import OP_TEXT_BYTES, OutsideTextError, check_size, loads
+from .clone_resources import (
+    ModelShape,
+    clone_values,
+    free_memory_bytes,
+    model_shape_of,
+    resource_problems,
+)
+from .envelope import check_envelope, declared_for
+from .override_kinds import OverrideKindError, checked_kind
 from .trust import check_tag_override
 
 __all__ = [
@@ -200,6 +208,7 @@ def resolve_overrides(
     untrusted: bool = False,
     allowed: Collection[str] = (),
     config_class: type | None = None,
+    model_shape: ModelShape | None = None,
 ) -> dict[str, Any]:
     """The clone's values for every overridden knob.
 
@@ -215,10 +224,15 @@ def resolve_overrides(
             only training hyperparameters may change (see :mod:`trl_rapidfire.storage.names`).
         allowed: keys the author lets tags change anyway (the config's ``clone_overrides``).
         config_class: the class of the run's config (its fields' enumerated names).
+        model_shape: the parent's model's sizes, for the clone's resource estimate (default:
+            read from the ``model`` trainer argument's config).
 
     Raises:
         OpError: unknown knob, dotted path into something that is not a dataclass, a field
-            that does not exist, a candidate index out of range.
+            that does not exist, a candidate index out of range; for an untrusted op, a value
+            outside its envelope (:mod:`~trl_rapidfire.control.envelope`) or past the clone's
+            resource estimate (:mod:`~trl_rapidfire.control.clone_resources`), which the
+            author's own ops get as a ``RuntimeWarning``.
     """
     out: dict[str, Any] = {}
     for key, value in overrides.items():
@@ -267,8 +281,8 @@ def resolve_overrides(
             names = {f.name for f in dataclasses.fields(base)}
             if attr not in names:
                 raise OpError(f"{key!r}: {type(base).__name__} has no field {attr!r}")
-            _check_json_value(key, value, getattr(base, attr))
-            value = _as_integer(key, value, type(base), attr)
+            value = _kind(key, value, getattr(base, attr), type(base), attr)
+            _envelope(key, value, knob_specs, current, allowed, untrusted=untrusted)
             try:
                 # replace() re-runs the config's own validation (__post_init__).
                 base = dataclasses.replace(copy.deepcopy(base), **{attr: value})
@@ -283,14 +297,47 @@ def resolve_overrides(
             continue
         if is_knob(value):
             raise OpError(f"{key!r}: give one value, not a knob")
-        _check_json_value(key, value, current)
-        if config_class is not None and name in config_fields and name not in trainer_args:
-            value = _as_integer(key, value, config_class, name)
-        out[name] = value
+        field_of = name in config_fields and name not in trainer_args
+        out[name] = _kind(key, value, current, config_class if field_of else None, name)
+        _envelope(key, out[name], knob_specs, current, allowed, untrusted=untrusted)
+    _check_resources(out, overrides, {**config_fields, **trainer_args, **parent_knobs},
+                     model_shape, untrusted=untrusted)
     return out
 
 
-_JSON_SCALARS = (str, int, float, bool, type(None))
+def _kind(key: str, value: Any, current: Any, owner: type | None, name: str) -> Any:
+    try:
+        return checked_kind(key, value, current, owner, name)
+    except OverrideKindError as err:
+        raise OpError(str(err)) from None
+
+
+def _envelope(key: str, value: Any, knob_specs: Mapping[str, Any], parent: Any,
+              allowed: Collection[str], *, untrusted: bool) -> None:
+    """What the experiment declared bounds what an op from outside may ask (envelope.py)."""
+    if untrusted:
+        try:
+            check_envelope(key, value, declared_for(key, knob_specs, parent), allowed=allowed)
+        except UntrustedValue as err:
+            raise OpError(str(err)) from None
+
+
+def _check_resources(out: Mapping[str, Any], overrides: Mapping[str, Any],
+                     parent: Mapping[str, Any], shape: ModelShape | None, *,
+                     untrusted: bool) -> None:
+    """The clone's resource estimate (clone_resources.py): past it, an op from outside is
+    refused and the author's own op is warned."""
+    parent_values = {k: v for k, v in parent.items() if "." not in k and not is_knob(v)}
+    if shape is None:
+        shape = model_shape_of(out.get("model", parent_values.get("model")))
+    problems = resource_problems(
+        parent_values, clone_values(parent_values, out),
+        {key.partition(".")[0]: (key, value) for key, value in overrides.items()},
+        shape, free_memory_bytes())
+    for problem in problems:
+        if untrusted:
+            raise OpError(problem.message())
+        warnings.warn(problem.message(), RuntimeWarning, stacklevel=4)
 
 
 def _check_value(key: str, value: Any) -> None:
@@ -314,59 +361,6 @@ def _check_value(key: str, value: Any) -> None:
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
-
-
-def _as_integer(key: str, value: Any, owner: type, name: str) -> Any:
-    """``value`` for a field annotated ``int``: a whole number (JSON's ``16.0`` becomes
-    ``16``); ``1.5`` for a LoRA rank would reach torch as a tensor size and fail there, in a
-    message about tensors."""
-    if isinstance(value, float) and integer_field(owner, name):
-        if not value.is_integer():
-            raise OpError(f"{key!r} takes a whole number, got {value!r}")
-        return int(value)
-    return value
-
-
-@functools.cache
-def integer_field(owner: type, name: str) -> bool:
-    """Whether the dataclass ``owner``'s field ``name`` is annotated as an integer (``int``
-    or ``int | None``; not ``int | float``)."""
-    try:
-        hint = typing.get_type_hints(owner).get(name)
-    except Exception:  # noqa: BLE001 - an unresolvable annotation: nothing known
-        return False
-    kinds = set(typing.get_args(hint)) if typing.get_args(hint) else {hint}
-    kinds.discard(type(None))
-    return kinds == {int}
-
-
-def _check_json_value(key: str, value: Any, current: Any) -> None:
-    """A JSON value must fit the kind of value it replaces: JSON cannot spell a function or a
-    config object (pick a candidate), nor turn a number into text."""
-    # A set (LoraConfig keeps target_modules as one) is spelled as a JSON list.
-    if not isinstance(current, (*_JSON_SCALARS, list, tuple, dict, set, frozenset)) and (
-            value is not None):
-        if not isinstance(value, type(current)):
-            raise OpError(f"{key!r} holds {type(current).__name__} values, which JSON cannot "
-                          f'spell: pick one of its candidates, {{"{key}": {{"candidate": 0}}}}, '
-                          "or set one of its fields with a dotted name")
-        return
-    if isinstance(current, bool) and not isinstance(value, bool) and value is not None:
-        raise OpError(f"{key!r} takes true or false like {json.dumps(current)}, got "
-                      f"{json.dumps(value)}")
-    if isinstance(value, bool) and current is not None and not isinstance(current, bool):
-        kind = "a number" if isinstance(current, (int, float)) else "a value"
-        raise OpError(f"{key!r} takes {kind} like {current!r}, not true or false")
-    if isinstance(current, bool) or isinstance(value, bool):
-        return
-    if isinstance(current, (int, float)) and not isinstance(value, (int, float)):
-        raise OpError(f"{key!r} takes a number like {current!r}, got {value!r}")
-    if isinstance(current, str) and not isinstance(value, str):
-        raise OpError(f"{key!r} takes a string like {current!r}, got {value!r}")
-    if isinstance(value, (list, dict)) and isinstance(current, _JSON_SCALARS) and (
-        current is not None
-    ):
-        raise OpError(f"{key!r} takes a single value like {current!r}, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ declared for that knob. Fields that load code, name files, hosts or hub reposito
 ``report_to``, ...) are refused, whatever the value, unless the author lists them in
 ``clone_overrides``. Python calls in the script's own process are the author's and are not
 restricted. Names and paths read back from files: :mod:`trl_rapidfire.storage.names`.
+
+How large a number may be is not this module's: :mod:`trl_rapidfire.control.envelope` holds
+every number to what the experiment declared, and
+:mod:`trl_rapidfire.control.clone_resources` the clone to what the machine holds.
 """
 
 from __future__ import annotations
