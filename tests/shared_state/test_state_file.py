@@ -203,10 +203,10 @@ def test_the_journal_is_opened_anew_per_transaction_unless_the_disk_is_local(
     opened = []
     real_open = os.open
 
-    def counting_open(path, flags, *args):
+    def counting_open(path, flags, *args, **kwargs):  # dir_fd: write_path.py
         if str(path).endswith("scheduler.journal"):
             opened.append(path)
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     with store.transaction() as st:
         st.add_run("run-0", 2)

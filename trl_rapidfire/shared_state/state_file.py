@@ -30,7 +30,8 @@ from ..storage.atomic_folders import fsync_dir
 from ..storage.faults import ExperimentFault, disk_fault, fault_message
 from ..storage.filesystems import known_local
 from ..storage.outside_text import STATE_BYTES, loads
-from ..storage.own_files import open_nofollow, read_bytes
+from ..storage.own_files import open_nofollow, read_bytes, write_atomic
+from ..storage.write_path import open_folder
 from .flock import LockUnsupported, flock_for
 from .state_changes import Marks, apply_line, parse_lines, runs_in_line, watch_runs
 from .store import ExperimentState, StoreError
@@ -370,24 +371,19 @@ class FileStore:
 
     def _new_journal(self, generation: int) -> int:
         """Replace the journal by an empty one of ``generation``; returns it open."""
-        tmp = self.journal_path.with_name(f".{self.journal_path.name}.tmp-{os.getpid()}")
         header = json.dumps({"format": _JOURNAL_FORMAT, "generation": generation}) + "\n"
-        self._write_whole(tmp, header)
-        os.replace(tmp, self.journal_path)
+        self._write_whole(self.journal_path, header)
         return self._open_journal()
 
-    def _write_whole(self, tmp: Path, text: str) -> None:
+    def _write_whole(self, path: Path, text: str) -> None:
+        """Replace ``path`` by ``text`` durably, through the one write path: a fresh name in
+        the folder held by descriptor, reached from ``output_dir`` without a link, renamed
+        over ``path`` (storage/write_path.py)."""
         try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)  # a killed process's leftover, or a link someone left
-            fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
+            write_atomic(path, text, fsync=True)
+        except ValueError as err:  # LinkRefused: a link on the way
+            raise StoreError(str(err)) from None
         except OSError as err:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise ExperimentFault(fault_message("the shared state", self.path,
                                                 disk_fault(err, ours=True) or str(err))) from err
 
@@ -396,10 +392,8 @@ class FileStore:
         doc = state.to_json()
         doc["generation"] = generation
         text = json.dumps(doc)  # one C-encoded write, not many small
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        self._write_whole(tmp, text)
+        self._write_whole(self.path, text)
         try:
-            os.replace(tmp, self.path)
             fd = self._new_journal(generation)
             fsync_dir(self.folder)
         except OSError as err:
@@ -417,7 +411,7 @@ class FileStore:
     def _locked(self) -> Iterator[None]:
         if not self._folder_made:
             try:
-                self.folder.mkdir(parents=True, exist_ok=True)
+                os.close(open_folder(self.folder))  # made; never through a link
             except OSError as err:
                 raise ExperimentFault(fault_message(
                     "the shared state", self.folder, disk_fault(err, ours=True) or str(err))

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import uuid
 from pathlib import Path
+
+from .write_path import open_folder
 
 __all__ = [
     "TMP_PREFIX",
@@ -30,9 +33,12 @@ TRASH_PREFIX = ".trash-"
 
 
 def fsync_file(path: Path) -> None:
-    """Flush the file at ``path`` to disk."""
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
+    """Flush the file at ``path`` to disk (opened read-only, never through a link)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(path: Path) -> None:
@@ -48,30 +54,60 @@ def fsync_dir(path: Path) -> None:
 
 
 def remove_folder(folder: Path) -> None:
-    """Remove ``folder`` so that no half-deleted entry is ever left under its name."""
-    trash = folder.with_name(f"{TRASH_PREFIX}{folder.name}-{uuid.uuid4().hex}")
+    """Remove ``folder`` so that no half-deleted entry is ever left under its name: renamed
+    aside, then removed, by the descriptor of its parent (reached from the experiment's root
+    without a link, write_path.py); a link there is removed, never what it leads to."""
     try:
-        os.replace(folder, trash)
+        parent = open_folder(folder.parent, make=False)
     except FileNotFoundError:
         return
-    shutil.rmtree(trash, ignore_errors=True)
+    try:
+        trash = f"{TRASH_PREFIX}{folder.name}-{uuid.uuid4().hex}"
+        try:
+            os.rename(folder.name, trash, src_dir_fd=parent, dst_dir_fd=parent)
+        except FileNotFoundError:
+            return
+        _remove_in(parent, trash)
+    finally:
+        os.close(parent)
+
+
+def _remove_in(parent: int, name: str) -> None:
+    """Remove ``name`` in the folder ``parent``: a link itself, never what it leads to."""
+    if stat.S_ISLNK(os.lstat(name, dir_fd=parent).st_mode):
+        os.unlink(name, dir_fd=parent)
+    else:
+        shutil.rmtree(name, dir_fd=parent, ignore_errors=True)
 
 
 def replace_folder(tmp: Path, folder: Path) -> None:
-    """Rename the complete folder ``tmp`` (its files already on disk) to ``folder``, replacing
-    one that is there, and make the rename durable. On failure ``folder`` is as it was."""
-    fsync_dir(tmp)
-    trash = None
-    # A directory cannot be renamed over a non-empty one: move the old one aside first.
-    if folder.exists():
-        trash = folder.with_name(f"{TRASH_PREFIX}{folder.name}-{uuid.uuid4().hex}")
-        os.replace(folder, trash)
+    """Rename the complete folder ``tmp`` (its files already on disk), a sibling of
+    ``folder``, to ``folder``, replacing one that is there, and make the rename durable; the
+    renames are made by the descriptor of their parent, reached from the experiment's root
+    without a link (write_path.py). On failure ``folder`` is as it was."""
+    if tmp.parent != folder.parent:
+        raise ValueError(f"{tmp} is not beside {folder}")
+    parent = open_folder(folder.parent)
     try:
-        os.replace(tmp, folder)
-    except BaseException:
+        held = os.open(tmp.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       dir_fd=parent)
+        try:
+            os.fsync(held)
+        finally:
+            os.close(held)
+        trash = None
+        # A directory cannot be renamed over a non-empty one: move the old one aside first.
+        if os.path.lexists(folder):
+            trash = f"{TRASH_PREFIX}{folder.name}-{uuid.uuid4().hex}"
+            os.rename(folder.name, trash, src_dir_fd=parent, dst_dir_fd=parent)
+        try:
+            os.rename(tmp.name, folder.name, src_dir_fd=parent, dst_dir_fd=parent)
+        except BaseException:
+            if trash is not None:
+                os.rename(trash, folder.name, src_dir_fd=parent, dst_dir_fd=parent)
+            raise
+        os.fsync(parent)
         if trash is not None:
-            os.replace(trash, folder)
-        raise
-    fsync_dir(folder.parent)
-    if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
+            _remove_in(parent, trash)
+    finally:
+        os.close(parent)

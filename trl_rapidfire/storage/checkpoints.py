@@ -17,7 +17,7 @@ itself restores them.
 
 from __future__ import annotations
 
-import glob
+import contextlib
 import os
 import re
 import shutil
@@ -30,6 +30,7 @@ import torch
 
 from .atomic_folders import fsync_file as _fsync_file
 from .atomic_folders import replace_folder
+from .write_path import FolderWrite, open_folder
 
 __all__ = [
     "DEFAULT_CADENCE",
@@ -37,6 +38,7 @@ __all__ = [
     "checkpoint_at",
     "latest_checkpoint",
     "prune_checkpoints",
+    "remove_run_checkpoints",
     "run_state_from_checkpoint",
     "commit_folder",
     "start_folder",
@@ -66,46 +68,47 @@ DEFAULT_CADENCE = CheckpointCadence(seconds=60.0)
 
 
 
-def start_folder(target: str | os.PathLike) -> Path:
-    """A fresh temporary folder beside ``target`` to write it in (see :func:`commit_folder`)."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    return tmp
+def start_folder(target: str | os.PathLike) -> FolderWrite:
+    """A fresh private folder beside ``target`` to write it in: write into its ``path``, then
+    ``commit()`` it (or ``discard()`` it). Its parent is reached from the experiment's root
+    without a link and held by descriptor until the commit (write_path.py)."""
+    return FolderWrite(target)
 
 
 def commit_folder(tmp: Path, target: str | os.PathLike) -> Path:
-    """Make the folder written in ``tmp`` appear as ``target``, whole (replacing one left by an
-    earlier attempt). Returns ``target``."""
+    """Make the folder written in ``tmp`` (by name: a gang's members write it from several
+    processes) appear as ``target``, whole (replacing one left by an earlier attempt).
+    Returns ``target``."""
     target = Path(target)
     # The rename is what makes the folder visible; its files must be on disk before it, or a
     # power cut could leave a complete-looking folder of empty files.
     for path in tmp.rglob("*"):
-        if path.is_file():
+        if path.is_file() and not path.is_symlink():
             _fsync_file(path)
     replace_folder(tmp, target)
-    # Attempts of processes killed while writing this folder (a kill during a run's final
-    # save leaves .tmp-final-<pid>): the folder is whole now, they are of no use.
-    for stale in target.parent.glob(f".tmp-{glob.escape(target.name)}-*"):
-        if stale != tmp and stale.name.rsplit("-", 1)[-1] != str(os.getpid()):
-            shutil.rmtree(stale, ignore_errors=True)
     return target
 
 
-def write_atomically(target: str | os.PathLike, write: Callable[[Path], object]) -> Path:
-    """Let ``write`` fill a temporary folder beside ``target``, then rename it to ``target``.
+def write_atomically(target: str | os.PathLike, write: Callable[[Path], object], *,
+                     single_names: bool = True) -> Path:
+    """Let ``write`` fill a fresh folder beside ``target`` (:class:`FolderWrite`: its parent
+    held by descriptor, so nothing is written through a link swapped in meanwhile), check it
+    holds no link, then rename it to ``target``.
 
     A ``target`` left by an earlier attempt is replaced. Returns ``target``.
+    ``single_names=False``: its files may have other names too (hard links made on purpose).
+
+    Raises:
+        LinkRefused: a folder on the way is a link, or was moved or swapped while written
+            (named), or ``write`` left a link in the folder.
     """
-    tmp = start_folder(target)
+    folder = FolderWrite(target)
     try:
-        write(tmp)
-        return commit_folder(tmp, target)
+        write(folder.path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        folder.discard()
         raise
+    return folder.commit(single_names=single_names)
 
 
 def link_folder(source: str | os.PathLike, target: str | os.PathLike) -> Path:
@@ -120,7 +123,7 @@ def link_folder(source: str | os.PathLike, target: str | os.PathLike) -> Path:
             shutil.copy2(src, dst)
 
     return write_atomically(target, lambda tmp: shutil.copytree(
-        source, tmp, copy_function=link_or_copy, dirs_exist_ok=True))
+        source, tmp, copy_function=link_or_copy, dirs_exist_ok=True), single_names=False)
 
 
 def write_atomically_together(target: str | os.PathLike,
@@ -134,7 +137,7 @@ def write_atomically_together(target: str | os.PathLike,
     tmp = target.with_name(f".gang-{target.name}")
     first = dist.get_rank() == 0
     if first:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        os.close(open_folder(target.parent))  # made, and refused if a link on the way
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     dist.barrier()
@@ -171,15 +174,34 @@ def checkpoint_at(folder: str | os.PathLike, step: int) -> Path | None:
 
 def prune_checkpoints(folder: str | os.PathLike, keep: Collection[Path]) -> None:
     """Remove every checkpoint in ``folder`` but those in ``keep`` (and leftovers of failed
-    writes)."""
+    writes): by the descriptor of ``folder``, reached without a link (a link there is
+    :class:`LinkRefused`), so nothing outside is ever removed."""
     folder = Path(folder)
-    for _, path in _checkpoints(folder):
-        if path not in keep:
-            shutil.rmtree(path, ignore_errors=True)
-    for path in folder.glob(".tmp-checkpoint-*"):
-        pid = path.name.rsplit("-", 1)[-1]
-        if pid != str(os.getpid()):
-            shutil.rmtree(path, ignore_errors=True)
+    try:
+        fd = open_folder(folder, make=False)
+    except FileNotFoundError:
+        return
+    kept = {Path(p).name for p in keep if Path(p).parent == folder}
+    pid = str(os.getpid())
+    try:
+        for name in os.listdir(fd):
+            old = _CHECKPOINT.match(name) and name not in kept
+            stale = name.startswith(".tmp-checkpoint-") and name.rsplit("-", 1)[-1] != pid
+            if old or stale:
+                shutil.rmtree(name, dir_fd=fd, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
+def remove_run_checkpoints(folder: str | os.PathLike) -> None:
+    """Remove a run's checkpoint folder (``.rapidfire/checkpoints/<run>``) by the descriptor
+    of its parent, reached from the experiment's root without a link: a link at the folder
+    (or above it) is left, never followed; nothing outside is removed, nothing raised (its
+    run is done; the link is named when the experiment next starts)."""
+    from .atomic_folders import remove_folder
+
+    with contextlib.suppress(OSError, ValueError):  # ValueError: LinkRefused above it
+        remove_folder(Path(folder))
 
 
 def run_state_from_checkpoint(

@@ -94,8 +94,9 @@ def append_row(path: str | os.PathLike, fields: Sequence[str], row: Mapping[str,
     if not os.path.lexists(path):
         writer.writeheader()
     writer.writerow({k: printable(v) if isinstance(v, str) else v for k, v in row.items()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    append_text(path, buf.getvalue())  # never through a link left at its path
+    # Its folders made, never followed if links; never through a link left at its path, nor
+    # into a file that has another name too (own_files.py, write_path.py).
+    append_text(path, buf.getvalue())
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, str]]:

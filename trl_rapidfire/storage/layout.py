@@ -28,12 +28,13 @@ when it starts training (:meth:`Layout.check_links`).
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .names import UntrustedValue, check_run_name, inside, is_run_name
-from .own_files import LinkRefused
+from .write_path import hard_linked, refused_link, register_root
 
 __all__ = ["RUN_SUBFOLDERS", "Layout", "run_index", "run_name", "run_order"]
 
@@ -68,6 +69,8 @@ class Layout:
 
     def __init__(self, output_dir: str | os.PathLike) -> None:
         object.__setattr__(self, "output_dir", Path(output_dir))
+        # Every write below it walks down from it, never through a link (write_path.py).
+        register_root(output_dir)
 
     @property
     def state_dir(self) -> Path:
@@ -163,22 +166,31 @@ class Layout:
 
     def check_links(self) -> None:
         """Refuse (:class:`~trl_rapidfire.storage.names.UntrustedValue`, naming the path) a folder
-        of the experiment that is a link leading out of ``output_dir``, and any link where the
-        experiment keeps a file: nothing it reads, writes, moves or deletes may lie outside.
+        of the experiment that is a link (one leading out of ``output_dir`` says so), and any
+        link, symbolic or hard, where the experiment keeps a file: nothing it reads, writes,
+        moves or deletes may lie outside, and every write walks down from ``output_dir``
+        through real folders only (:mod:`~trl_rapidfire.storage.write_path`).
         A few ``lstat`` calls, and one listing of each folder of run folders; done when an
         experiment is built and when it starts training."""
         for folder in self.folders():
             self._own(folder)
+            if os.path.islink(folder):  # inside: still never written through (write_path.py)
+                raise refused_link(folder)
         for folder in self.run_folders():
             # Listed parents first: a real folder in one found inside is inside; only a link
             # needs resolving (0.2 s for 1000 runs otherwise).
             if os.path.islink(folder):
                 self._own(folder)
+                raise refused_link(folder)
         for path in self.own_files():
-            if path.is_symlink():
-                raise LinkRefused(f"{path} is a symbolic link (to {os.readlink(path)}); "
-                                  "trl-rapidfire never follows a link where it keeps its own "
-                                  "files. Remove the link and run again.")
+            try:
+                st = os.lstat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                raise refused_link(path)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink != 1:
+                raise hard_linked(path, st.st_nlink)
 
     def run_folders(self) -> list[Path]:
         """The folders of the runs already on disk: ``runs/<run>/`` and the folders inside

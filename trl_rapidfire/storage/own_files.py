@@ -1,18 +1,19 @@
 """Files in the experiment's folder, never reached through a link.
 
-Whoever can write into ``output_dir`` could leave a symbolic link where the experiment keeps a
-file (``ops.csv`` -> someone else's file) or a temporary name it will write
+Whoever can write into ``output_dir`` could leave a link where the experiment keeps a file
+(``ops.csv`` -> someone else's file, symbolic or hard) or a temporary name it will write
 (``.schedule.csv.tmp-<pid>``). trl-rapidfire never makes links there, so every file it opens
 itself is opened with ``O_NOFOLLOW``: a link in the last component is refused
-(:class:`LinkRefused`, naming the path) instead of followed. Folders are checked separately
-(:meth:`trl_rapidfire.storage.layout.Layout.check_links`): a folder link may stay inside
-``output_dir``, never lead out of it.
+(:class:`LinkRefused`, naming the path) instead of followed.
 
-:func:`write_under` is the one write path for a file the package writes below a folder it
-owns (a run's ``generations/``): every folder from that root down to the file is opened
-without following a link (made when missing), and the file is written atomically inside the
-last one, by descriptor. A link anywhere below the root is refused, naming it; swapping a
-folder for a link while the file is written cannot redirect it.
+Every write (:func:`append_text`, :func:`write_atomic`, :func:`open_nofollow` for writing) goes
+through the one write path, :mod:`trl_rapidfire.storage.write_path`: the folders from the
+experiment's root down are opened by descriptor without following a link, and a file opened
+for writing must have one name (a hard link is refused). Reads only refuse a link at the file
+itself; folders are checked by :meth:`trl_rapidfire.storage.layout.Layout.check_links`.
+
+:func:`write_under` writes a file below a folder the caller names as the root (a run's
+``generations/``) the same way, from that root down.
 """
 
 from __future__ import annotations
@@ -26,39 +27,28 @@ from typing import Any
 
 from .names import UntrustedValue
 from .outside_text import MAX_DEPTH, SMALL_FILE_BYTES, OutsideTextError, loads
+from .write_path import (
+    LinkRefused,
+    not_regular,
+    open_child,
+    open_for_write,
+    refused_link,
+    replace_in,
+)
 
-__all__ = ["LinkRefused", "append_text", "open_nofollow", "read_bytes", "read_json",
-           "write_atomic", "write_under"]
-
-
-class LinkRefused(UntrustedValue):
-    """A file the experiment keeps in its folder is a symbolic link (or not a regular file):
-    it is not followed."""
-
-
-def _refused(path: Path) -> LinkRefused:
-    try:
-        target = os.readlink(path)
-    except OSError:
-        target = "?"
-    return LinkRefused(f"{path} is a symbolic link (to {target}); trl-rapidfire never "
-                       "follows a link where it keeps its own files. Remove the link and run "
-                       "again.")
-
-
-def _not_regular(path: Path, mode: int) -> LinkRefused:
-    kind = next((what for test, what in (
-        (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-        (stat.S_ISDIR, "a folder")) if test(mode)), "not a file")
-    return LinkRefused(f"{path} is not a regular file ({kind}); trl-rapidfire keeps a file "
-                       "there and never reads anything else in its place. Remove it and run "
-                       "again.")
+__all__ = ["LinkRefused", "append_text", "not_regular", "open_nofollow", "read_bytes",
+           "read_json", "write_atomic", "write_under"]
 
 
 def open_nofollow(path: str | os.PathLike, flags: int, mode: int = 0o644) -> int:
     """``os.open(path, flags | O_NOFOLLOW | O_CLOEXEC)``; a link at ``path`` is
-    :class:`LinkRefused`, and so is anything but a regular file."""
+    :class:`LinkRefused`, and so is anything but a regular file. Opened for writing, it is
+    :func:`~trl_rapidfire.storage.write_path.open_for_write`: its folder reached from the
+    experiment's root without a link, and a file with another name (a hard link) refused."""
+    if flags & (os.O_WRONLY | os.O_RDWR):
+        # Every write: by the descriptor of its folder, reached from the experiment's root
+        # without a link, and never to a file with another name (write_path.py).
+        return open_for_write(path, flags, mode)
     path = Path(path)
     try:
         # O_NONBLOCK: opening a FIFO would otherwise wait for a writer, forever; what was
@@ -67,14 +57,14 @@ def open_nofollow(path: str | os.PathLike, flags: int, mode: int = 0o644) -> int
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise _refused(path) from None
+            raise refused_link(path) from None
         if err.errno == errno.ENXIO:  # a socket (or a FIFO opened for writing, no reader)
             with contextlib.suppress(OSError):
-                raise _not_regular(path, os.lstat(path).st_mode) from None
+                raise not_regular(path, os.lstat(path).st_mode) from None
         raise
     if not stat.S_ISREG(st_mode := os.fstat(fd).st_mode):
         os.close(fd)
-        raise _not_regular(path, st_mode)
+        raise not_regular(path, st_mode)
     if flags & os.O_NONBLOCK == 0:
         os.set_blocking(fd, True)
     return fd
@@ -121,43 +111,9 @@ def append_text(path: str | os.PathLike, text: str) -> None:
 def write_atomic(path: str | os.PathLike, text: str | bytes, *, fsync: bool = False) -> None:
     """Replace the file at ``path`` by ``text`` whole: written to a temporary name beside it
     (created afresh, never through a link someone left there), then renamed over it (which
-    replaces a link at ``path`` itself, never its target)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)  # a leftover of a killed process with our pid, or a planted link
-    data = text.encode("utf-8") if isinstance(text, str) else text
-    try:
-        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _open_folder(parent_fd: int, name: str, shown: Path) -> int:
-    """The folder ``name`` in the folder ``parent_fd`` (made if missing), opened without
-    following a link."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(name, 0o755, dir_fd=parent_fd)
-    try:
-        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                       dir_fd=parent_fd)
-    except OSError as err:
-        if err.errno not in (errno.ELOOP, errno.ENOTDIR):
-            raise
-        # Linux says ENOTDIR for a link opened with O_DIRECTORY | O_NOFOLLOW: ask which.
-        with contextlib.suppress(OSError):
-            if stat.S_ISLNK(os.lstat(name, dir_fd=parent_fd).st_mode):
-                raise _refused(shown) from None
-        raise LinkRefused(f"{shown} is not a folder; trl-rapidfire keeps a folder there. "
-                          "Remove it and run again.") from None
+    replaces a link at ``path`` itself, never its target); the folder is held by descriptor
+    throughout (:func:`~trl_rapidfire.storage.write_path.replace_in`)."""
+    replace_in(path, text.encode("utf-8") if isinstance(text, str) else text, fsync=fsync)
 
 
 def write_under(root: str | os.PathLike, path: str | os.PathLike, text: str | bytes) -> None:
@@ -184,7 +140,7 @@ def write_under(root: str | os.PathLike, path: str | os.PathLike, text: str | by
         at = root
         for name in parts[:-1]:
             at = at / name
-            inner = _open_folder(fd, name, at)
+            inner = open_child(fd, name, at)
             os.close(fd)
             fd = inner
         _write_in(fd, parts[-1], text)

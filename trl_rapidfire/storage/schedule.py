@@ -77,8 +77,7 @@ def _cells(record: ChunkRecord) -> list[Any]:
 
 def write_schedule_csv(records: Sequence[ChunkRecord], path: str | os.PathLike) -> None:
     """Write ``records`` as CSV to ``path`` atomically (temp file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)  # its folders made by write_atomic, never through a link
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(_FIELDS + ["steps"])

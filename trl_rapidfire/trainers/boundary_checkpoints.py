@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import copy
 import io
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..storage.checkpoints import commit_folder, start_folder
+from ..storage.checkpoints import start_folder
 from . import log_state
 from .adapter_files import attached_configs_only
 
@@ -106,7 +105,10 @@ class BoundaryCheckpoints(_TrainerBase):
         from safetensors.torch import save as safetensors_bytes
         from transformers.trainer import TRAINER_STATE_NAME
 
-        tmp = start_folder(target)
+        # Written by path into a fresh folder held by descriptor (storage/write_path.py): a
+        # folder above swapped for a link meanwhile cannot redirect it; the commit names it.
+        folder = start_folder(target)
+        tmp = folder.path
         try:
             self.store_flos()
             model = self.model
@@ -131,7 +133,7 @@ class BoundaryCheckpoints(_TrainerBase):
             self._rf_save_rng(tmp, rng)
             state = self._rf_state_to_save()
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            folder.discard()
             raise
 
         def finish() -> Path:
@@ -141,10 +143,10 @@ class BoundaryCheckpoints(_TrainerBase):
                 for name, data in files.items():
                     (tmp / name).write_bytes(data)
                 state.save_to_json(str(tmp / TRAINER_STATE_NAME))
-                return commit_folder(tmp, target)
             except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
+                folder.discard()
                 raise
+            return folder.commit()
 
         return finish
 

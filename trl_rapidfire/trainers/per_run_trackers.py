@@ -12,19 +12,30 @@ run after the first would finish the one before and log into whichever started l
   config's ``project``; a re-run of the experiment continues the same trackio runs.
 * Weights & Biases: its callback reuses the process's current run; with several runs that
   would merge them, so it is refused before training (:func:`check_shared_trackers`).
+
+TensorBoard's writer takes a path, and its default folder's name
+(``runs/<Mon DD_HH-MM-SS_host>``) can be guessed: a link left there would be written through.
+So each run's TensorBoard folder is made afresh by descriptor (:class:`FreshTensorBoardFolder`,
+reached from ``output_dir`` without a link) and handed to the writer by that descriptor.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import secrets
+import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
 from ..config.errors import RFConfigError
+from ..storage.write_path import FolderWrite, open_folder
 
-__all__ = ["RunTrackio", "check_shared_trackers", "one_stream_per_run"]
+__all__ = ["FreshTensorBoardFolder", "RunTrackio", "check_shared_trackers",
+           "one_stream_per_run"]
 
 
 def _reports_to(config: Any, name: str) -> bool:
@@ -81,13 +92,61 @@ class RunTrackio(TrainerCallback):
         return self._call("on_train_end", args, state, control, **kwargs)
 
 
+class FreshTensorBoardFolder(TrainerCallback):
+    """Placed just before a run's ``TensorBoardCallback`` (``inner``): when it is about to
+    open its writer, its folder is made afresh under ``<run>/runs/`` by descriptor (every
+    folder from ``output_dir`` down opened without following a link: a link is
+    :class:`~trl_rapidfire.storage.write_path.LinkRefused`, naming it, and fails the run),
+    under the name transformers would give it, or that name with a random tail if something
+    is there already; the writer is given the folder by its descriptor (``/proc/self/fd/<n>``),
+    so a folder above swapped for a link later cannot redirect it. The descriptor stays open
+    while the callback lives (a later ``evaluate()`` may open the writer again)."""
+
+    def __init__(self, inner: TrainerCallback) -> None:
+        self.inner = inner
+        self.folder: Path | None = None  # where the run's logs are, as a person finds them
+        self._fd: list[int] = []
+        weakref.finalize(self, _close_all, self._fd)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if (not state.is_world_process_zero or self.inner.tb_writer is not None
+                or os.getenv("TENSORBOARD_LOGGING_DIR")):  # the user's own folder: theirs
+            return
+        from transformers.integrations.integration_utils import default_logdir
+
+        runs, name = Path(args.output_dir) / "runs", Path(default_logdir()).name
+        fd = open_folder(runs)
+        try:
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+            except FileExistsError:  # left there (maybe a link): never used; a name of ours
+                name = f"{name}-{secrets.token_hex(4)}"
+                os.mkdir(name, 0o700, dir_fd=fd)
+            folder = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=fd)
+        finally:
+            os.close(fd)
+        self._fd.append(folder)
+        self.folder = runs / name
+        self.inner.logging_dir = str(FolderWrite.by_descriptor(folder, self.folder))
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
 def one_stream_per_run(trainer: Any, name: str) -> None:
-    """Wrap ``trainer``'s per-process trackers so that its run is a stream of its own."""
+    """Wrap ``trainer``'s per-process trackers so that its run is a stream of its own, and
+    have its TensorBoard logs written only into a fresh folder of its own."""
     try:
-        from transformers.integrations import TrackioCallback
+        from transformers.integrations import TensorBoardCallback, TrackioCallback
     except ImportError:  # pragma: no cover - a transformers without it
         return
     callbacks = trainer.callback_handler.callbacks
     for i, callback in enumerate(callbacks):
         if isinstance(callback, TrackioCallback):
             callbacks[i] = RunTrackio(callback, name)
+    for callback in list(callbacks):
+        if isinstance(callback, TensorBoardCallback):
+            callbacks.insert(callbacks.index(callback), FreshTensorBoardFolder(callback))

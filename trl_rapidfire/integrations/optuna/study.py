@@ -36,10 +36,12 @@ from ...control.policies import RunHistory, chunk_values
 from ...engine.proposals import Proposal
 from ...shared_state.runs import RunStatus
 from ...shared_state.store import StoreError
-from ...storage.csv_logs import append_row
+from ...storage.csv_logs import append_row, read_rows
 from ...storage.layout import Layout, run_name
 from ...storage.outside_text import SMALL_FILE_BYTES, STATE_BYTES, OutsideTextError, loads
 from ...storage.own_files import open_nofollow
+from ...storage.write_path import open_folder
+from .journal_check import check_file, check_line, check_study, damaged
 from .space import SearchSpace, params_text
 from .support import quiet_optuna, require_optuna
 
@@ -86,7 +88,7 @@ class StudyBook:
         self.num_runs, self.max_concurrent = num_runs, max_concurrent
         self.metrics, self.directions = tuple(metrics), tuple(directions)
         self.grid = None if grid is None else {k: list(v) for k, v in sorted(grid.items())}
-        layout.state_dir.mkdir(parents=True, exist_ok=True)
+        os.close(open_folder(layout.state_dir))  # made; never through a link
         self.path = layout.study_journal
         self.log_path = layout.search_log
         self._lock = FileLock(str(layout.study_lock))
@@ -99,10 +101,17 @@ class StudyBook:
         self._reported_at = -math.inf  # when report() last wrote (time.monotonic())
         journal = optuna.storages.journal
         with self._locked(), quiet_optuna():  # the lock checks the journal, then Optuna reads
-            self.storage = optuna.storages.JournalStorage(
-                journal.JournalFileBackend(str(self.path)))
-            self.study = optuna.create_study(study_name=STUDY_NAME, storage=self.storage,
-                                             directions=list(directions), load_if_exists=True)
+            try:
+                self.storage = optuna.storages.JournalStorage(
+                    journal.JournalFileBackend(str(self.path)))
+                self.study = optuna.create_study(study_name=STUDY_NAME, storage=self.storage,
+                                                 directions=list(directions),
+                                                 load_if_exists=True)
+            except (AssertionError, KeyError, TypeError, ValueError, AttributeError) as err:
+                # Lines that parse and name an operation, yet do not replay (a field missing).
+                raise damaged(self.path, f"is damaged ({type(err).__name__}: {err})") from None
+            # Emptied or edited since search.csv logged the proposals: named, before training.
+            check_study(self.path, self._trials(), space, read_rows(self.log_path))
         held = tuple(d.name.lower() for d in self.study.directions)
         if held != self.directions:
             raise ValueError(f"{self.path} holds a study that goes {' and '.join(held)}; this "
@@ -132,6 +141,8 @@ class StudyBook:
         # Only a regular file may skip the read: Optuna opens the journal itself, with a plain
         # blocking open(), so a FIFO (size 0, as an empty journal) would hang it forever.
         # open_nofollow opens without blocking and refuses anything but a regular file.
+        # Optuna appends to it by path: one name only, in a folder reached without a link.
+        check_file(self.path, st)
         if st.st_size == self._checked and stat.S_ISREG(st.st_mode):
             return
         try:
@@ -145,10 +156,11 @@ class StudyBook:
         end = data.rfind(b"\n") + 1  # a line still being written (or torn) waits
         for raw in data[:end].splitlines():
             try:
-                loads(raw, what="a line", max_bytes=STATE_BYTES)
+                line = loads(raw, what="a line", max_bytes=STATE_BYTES)
             except OutsideTextError as err:
                 raise StoreError(f"{self.path} has a damaged line ({err}): restore it, or use "
                                  "another output_dir") from None
+            check_line(line, self.path)  # an operation Optuna's replay knows
         self._checked += end
 
     def _trial_id(self, number: int) -> int:
