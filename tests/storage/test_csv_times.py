@@ -4,13 +4,15 @@ before (``time.time()`` floats) still load, and a record equals its row read bac
 from __future__ import annotations
 
 import csv
+import random
 import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 
 from trl_rapidfire.control.ops import OpRecord, append_op_row
 from trl_rapidfire.reports.experiment_data import read_ops
-from trl_rapidfire.storage.csv_logs import utc_seconds, utc_text
+from trl_rapidfire.storage.csv_logs import utc_seconds, utc_text, whole_micros
 from trl_rapidfire.storage.schedule import (
     ChunkRecord,
     ScheduleAppender,
@@ -86,3 +88,20 @@ def test_a_time_that_could_not_be_written_back_is_no_time():
         with pytest.raises(ValueError, match="is not a time"):
             utc_seconds(bad)
     assert utc_text(utc_seconds("9999-12-31T23:59:59+01:00")) == "9999-12-31T22:59:59.000000Z"
+
+
+def test_times_are_the_text_and_microseconds_of_exact_rounding():
+    # The row's time is formatted twice a chunk: integer arithmetic and gmtime, checked
+    # against the exact reference (a Fraction rounded half to even, datetime's strftime).
+    def reference(seconds: float) -> tuple[str, float]:
+        micros = round(Fraction(seconds) * 1_000_000)
+        when = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+        return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), micros / 1_000_000
+
+    rng = random.Random(0)
+    now = time.time()
+    samples = [0.0, 0.5e-6, 1.5e-6, 2.5e-6, now, round(now, 6), -1.25e-6, -86_400.5e0]
+    samples += [now + rng.uniform(-1e9, 1e9) for _ in range(2000)]
+    samples += [rng.randint(0, 4 * 10**15) * 0.5e-6 for _ in range(2000)]  # exact halves
+    for seconds in samples:
+        assert (utc_text(seconds), whole_micros(seconds)) == reference(seconds), seconds

@@ -16,10 +16,10 @@ from __future__ import annotations
 import csv
 import io
 import os
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,20 @@ __all__ = ["append_row", "printable", "read_csv_rows", "read_rows", "utc_seconds
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
+_YEAR_10000 = 253_402_300_800  # seconds from the epoch to 10000-01-01
 
 
 def _micros(seconds: float) -> int:
-    # Exact (a Fraction of the float, not a float product): a time already whole in
+    # Exact (the float's own ratio of integers, not a float product): a time already whole in
     # microseconds maps to those microseconds again, so writing and reading are an identity.
-    return round(Fraction(seconds) * 1_000_000)
+    # Rounded half to even, as round() of a Fraction does (two rows a chunk: integer
+    # arithmetic, not a Fraction's).
+    numerator, denominator = seconds.as_integer_ratio()
+    quotient, remainder = divmod(numerator * 1_000_000, denominator)
+    twice = 2 * remainder
+    if twice > denominator or (twice == denominator and quotient & 1):
+        quotient += 1
+    return quotient
 
 
 def whole_micros(seconds: float) -> float:
@@ -49,7 +57,12 @@ def utc_text(seconds: float) -> str:
     """``time.time()`` seconds as ISO-8601 UTC text to the microsecond
     (``2026-12-05T18:57:03.123456Z``): microseconds, not milliseconds, because the gaps between
     chunks that ``schedule.csv`` is read for are a millisecond or two."""
-    return (_EPOCH + _micros(seconds) * _MICRO).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    whole, micros = divmod(_micros(seconds), 1_000_000)
+    if not 0 <= whole < _YEAR_10000:
+        return (_EPOCH + (whole * 1_000_000 + micros) * _MICRO).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    t = time.gmtime(whole)  # the same text, without a datetime and strftime per row
+    return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:"
+            f"{t.tm_sec:02d}.{micros:06d}Z")
 
 
 def utc_seconds(text: str) -> float:
