@@ -33,6 +33,7 @@ from ..shared_state.store import (
 from ..shared_state.worker_info import WorkerInfo
 from ..storage.faults import checkpoint_fault
 from ..storage.layout import Layout
+from ..storage.names import UntrustedValue
 from ..storage.schedule import ChunkRecord, ScheduleAppender, read_schedule_csv, write_schedule_csv
 from .catch_up import catch_up_from_disk
 from .claims import Claim, Done, GangWait, Retry, Turn, Wait, ready_call
@@ -415,26 +416,45 @@ class Coordinator(GangMembership):
             self.sync(st)
         return slots
 
-    def mark_durable(self, writes: list[Written]) -> None:
+    def mark_durable(self, writes: list[Written]) -> list[RunSlot]:
         """Each run's volatile chunks (up to ``chunks``, step ``step``) are on disk once its
         write is done: record that, durably, in one transaction (a run that moved on since is
-        left as it is). The caller waited for the writes (``durability.make_durable``)."""
-        done = []
+        left as it is). The caller waited for the writes (``durability.make_durable``).
+
+        A write refused for a link on its way (:class:`UntrustedValue`) concerns that run
+        alone, the path named: a running run fails, as in its turn (returned, its ``train()``
+        unwound here); a stopped one stays stopped (a stop cannot become a failure), said in a
+        warning: resumable in this process, and a re-run continues it from its last durable
+        boundary."""
+        done, refused = [], []
         for slot, write, chunks, step in writes:
             error = write.exception()
             if error is None:
                 done.append((slot.name, chunks, step))
-                continue
-            fault = checkpoint_fault(error)
-            if fault is None:
+            elif (fault := checkpoint_fault(error)) is not None:
+                self._fault.note(fault)
+            elif isinstance(error, UntrustedValue):
+                refused.append((slot, f"writing its checkpoint failed: {error}"))
+            else:
                 raise error
-            self._fault.note(fault)
-        if not done:
-            return
+        if not done and not refused:
+            return []
         with self._transaction() as st:
             for name, chunks, step in done:
                 mark_durable(st, name, self.worker.id, chunks, step)
+            failed = []
+            for slot, message in refused:
+                record = st.runs.get(slot.name)
+                if record is not None and record.status == RunStatus.RUNNING:
+                    record.fail(message)
+                    failed.append(slot)
+                else:
+                    warnings.warn(f"{slot.name}: {message}; it stays {slot.state.status.value}",
+                                  RuntimeWarning, stacklevel=4)
             self.sync(st)
+        for slot in failed:
+            self._forget(slot)
+        return failed
 
     def wait_for_a_write(self) -> bool:
         """Block until the oldest chunk waiting for its checkpoint is recorded; ``False`` if

@@ -276,7 +276,8 @@ class Engine(RunCallEdges):
                 self.apply_ops()
             self._proposals.step()
             if self._shared.stopped_volatile or self._turns.stopped_writes:
-                write_stopped(self._turns, self._shared)
+                for slot in write_stopped(self._turns, self._shared):
+                    self._after_turn(slot)  # failed: a link on its write's way
             match self._claim():
                 case Done():
                     # The search may still add runs; ops sent for this call may add chunks.
@@ -313,7 +314,8 @@ class Engine(RunCallEdges):
         for slot in claim.recorded:
             self._after_turn(slot)
         if claim.handoff:
-            make_durable(self._turns, self._shared, claim.handoff)
+            for slot in make_durable(self._turns, self._shared, claim.handoff):
+                self._after_turn(slot)  # failed: a link on its write's way
         if isinstance(claim, Retry):
             self._build_added(claim.clones)
             if claim.write is not None:

@@ -61,6 +61,8 @@ class RunCallEdges:
 
         def _flush_finishes(self) -> None: ...
 
+        def _after_turn(self, slot: RunSlot) -> None: ...
+
     def _start_run_call(self) -> tuple[float, Any]:
         """What every ``run()`` call does first: returns when it started and the Ctrl-C
         handler it replaced."""
@@ -115,9 +117,10 @@ class RunCallEdges:
         if self._fault.message is None:
             with self._fault.kept():
                 # The runs leave this worker: what the cadence left volatile is written.
-                make_durable(self._turns, self._shared, [
-                    s for s in self.slots.values() if s.durability.volatile_chunks
-                    and s.state.status in (RunStatus.RUNNING, RunStatus.STOPPED)])
+                for slot in make_durable(self._turns, self._shared, [
+                        s for s in self.slots.values() if s.durability.volatile_chunks
+                        and s.state.status in (RunStatus.RUNNING, RunStatus.STOPPED)]):
+                    self._after_turn(slot)  # failed: a link on its write's way
         with self._fault.kept():
             self._shared.release_claim()
         # A completed run's checkpoints are gone when train() returns, and no thread of this

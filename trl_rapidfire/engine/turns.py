@@ -227,8 +227,10 @@ class Turns:
                 or slot.turn.coroutine is None):
             return None
         self.switch_in(slot)
-        self.save_boundary(slot, force=True)
-        self.switch_out(slot)
+        try:
+            self.save_boundary(slot, force=True)
+        finally:  # a link refused on the way: the run fails alone, switched out as it was
+            self.switch_out(slot)
         write, slot.durability.write = slot.durability.write, None
         return write
 
