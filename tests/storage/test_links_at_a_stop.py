@@ -25,6 +25,19 @@ from trl_rapidfire.testing import (
 _TRAINER: dict = {}  # module-level: each run's trainer gets its own copy of the callbacks
 
 
+def _two_runs(out: Path, callback: TrainerCallback) -> RFSFTTrainer:
+    """Two runs of 4 one-step chunks, boundaries volatile (the default cadence)."""
+    trainer = RFSFTTrainer(
+        model=tiny_model_path(),
+        args=RFSFTConfig(output_dir=str(out), num_chunks=4, max_steps=4,
+                         learning_rate=List([1e-3, 3e-3]), per_device_train_batch_size=4,
+                         **cpu_training_kwargs()),
+        train_dataset=make_sft_dataset(16), peft_config=tiny_lora_config(r=4),
+        callbacks=[callback])
+    _TRAINER["rf"] = trainer
+    return trainer
+
+
 class StopAfterSwap(TrainerCallback):
     """Once run-0 has trained two steps: its checkpoint folder becomes a link out, and a
     person stops it (its state, volatile, is then written between turns)."""
@@ -44,14 +57,7 @@ class StopAfterSwap(TrainerCallback):
 def test_a_link_met_by_a_stopped_runs_write_concerns_that_run_alone(tmp_path):
     out, outside = tmp_path / "out", Outside(tmp_path)
     path = out / ".rapidfire" / "checkpoints" / "run-0"
-    trainer = RFSFTTrainer(
-        model=tiny_model_path(),
-        args=RFSFTConfig(output_dir=str(out), num_chunks=4, max_steps=4,
-                         learning_rate=List([1e-3, 3e-3]), per_device_train_batch_size=4,
-                         **cpu_training_kwargs()),
-        train_dataset=make_sft_dataset(16), peft_config=tiny_lora_config(r=4),
-        callbacks=[StopAfterSwap(path, outside)])
-    _TRAINER["rf"] = trainer
+    trainer = _two_runs(out, StopAfterSwap(path, outside))
     with pytest.warns(RuntimeWarning, match=f"run-0: writing its checkpoint failed: {path}"):
         trainer.train()
     runs = {r.name: r for r in trainer.runs}
@@ -78,14 +84,7 @@ class SwapAtTheLastStep(TrainerCallback):
 def test_a_link_met_by_a_leaving_runs_write_fails_that_run_alone(tmp_path):
     out, outside = tmp_path / "out", Outside(tmp_path)
     path = out / ".rapidfire" / "checkpoints" / "run-0"
-    trainer = RFSFTTrainer(
-        model=tiny_model_path(),
-        args=RFSFTConfig(output_dir=str(out), num_chunks=4, max_steps=4,
-                         learning_rate=List([1e-3, 3e-3]), per_device_train_batch_size=4,
-                         **cpu_training_kwargs()),
-        train_dataset=make_sft_dataset(16), peft_config=tiny_lora_config(r=4),
-        callbacks=[SwapAtTheLastStep(path, outside)])
-    _TRAINER["rf"] = trainer
+    trainer = _two_runs(out, SwapAtTheLastStep(path, outside))
     with pytest.warns(RuntimeWarning, match="run-0"), pytest.raises(KeyboardInterrupt):
         trainer.train()  # stopped at a boundary, as by Ctrl-C
     runs = {r.name: r for r in trainer.runs}
