@@ -65,8 +65,7 @@ class Inbox:
 
     def post(self, run: str, op: str) -> Path:
         """Leave ``op`` for ``run``; returns the file. The name orders ops by arrival."""
-        self.layout.check_links()
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.layout.check_links()  # the folders are made by the write path, never through a link
         name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
         write_atomic(self.folder / name, json.dumps({"run": run, "op": op}))
         return self.folder / name
@@ -159,8 +158,7 @@ _TRAINING_HERE: set[str] = set()
 def mark_alive(layout: Layout) -> None:
     """This process trains the experiment from now on (its first worker says so)."""
     _TRAINING_HERE.add(os.path.realpath(layout.output_dir))
-    path = layout.alive_file
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = layout.alive_file  # its folder made by the write path, never through a link
     write_atomic(path, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
                                    "since": time.time()}))
 

@@ -86,7 +86,6 @@ def registered(layout: Layout) -> dict[str, Trainer]:
 
 def _write(layout: Layout, workers: dict[str, Trainer]) -> None:
     doc = {wid: {"since": t.since, "launch": t.launch} for wid, t in workers.items()}
-    layout.state_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(_path(layout), json.dumps(doc))
 
 

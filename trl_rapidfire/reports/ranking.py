@@ -201,7 +201,6 @@ def write_ranking(output_dir: str | os.PathLike, ranking: RankingMetric) -> None
     from ..storage.own_files import write_atomic
 
     path = _path(output_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, ranking.to_text() + "\n")
 
 

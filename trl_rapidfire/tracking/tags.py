@@ -99,7 +99,6 @@ def experiment_id_for(output_dir: str | os.PathLike) -> str:
     """The experiment's id, created once and kept in ``<output_dir>/.rapidfire/``."""
     path = Layout(output_dir).experiment_marker
     if not os.path.lexists(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps({"id": uuid.uuid4().hex}))
     return read_experiment_id(path)
 
