@@ -10,6 +10,9 @@ Workloads:
 
 * default: the tiny offline model of ``overhead.py`` (256 rows, batch 8, 1 epoch,
   ``num_chunks=4``, rank 4/8 on q_proj, v_proj);
+* ``--fine-chunks``: issue 56's workload for short turns: the tiny model, 8 configs (learning
+  rates) x 32 steps in 32 one-step chunks, ``checkpoint_every`` as shipped (``scaling.py``'s
+  ``--chunks-sweep`` at ``num_chunks=32``); ``--chunks`` sets another count;
 * ``--real-shape``: the Llama at SmolLM2-135M's shape of ``real_shape.py`` (rank 8/16 on
   q, k, v, o; seq 256, batch 1), ``--steps`` steps per config in as many chunks (default 2:
   every run's first and last turn, ~2 min on one core).
@@ -19,6 +22,10 @@ Usage::
     python benchmarks/turn_costs.py --quick       # smoke test: 64 rows (~20 s)
     python benchmarks/turn_costs.py --threads 1
     python benchmarks/turn_costs.py --real-shape --threads 1
+    python benchmarks/turn_costs.py --fine-chunks --threads 1   # 256 one-step turns
+
+Before/after a change: run this script against the other tree's package, e.g.
+``PYTHONPATH=/tmp/before python benchmarks/turn_costs.py --fine-chunks --threads 1``.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ def timed(owner: Any, name: str, label: str) -> None:
 
 
 def instrument() -> None:
+    from trl_rapidfire.engine import callback
     from trl_rapidfire.engine.coordination import Coordinator
     from trl_rapidfire.engine.turns import Turns
     from trl_rapidfire.runtime.models import ModelGroup
@@ -71,6 +79,7 @@ def instrument() -> None:
         (Turns, "switch_out", "switch out (random streams, accelerate state)"),
         (Turns, "save_boundary", "boundary checkpoint, in the run's turn"),
         (Coordinator, "defer_finish", "hand the chunk's record to the writer"),
+        (callback, "check_finite", "divergence check, in the run's turn"),
     ]:
         timed(owner, name, label)
 
@@ -78,6 +87,13 @@ def instrument() -> None:
 def workload(args: argparse.Namespace) -> tuple[str, Any, dict[str, Any], tuple, tuple, int]:
     from trl_rapidfire.testing import cpu_training_kwargs
 
+    if args.fine_chunks:
+        sys.path.insert(0, str(Path(__file__).parent))
+        import scaling
+
+        work = scaling.tiny_workload(32)
+        return (work.model_path, work.dataset, work.kwargs, work.targets, (work.rank,),
+                args.chunks)
     if not args.real_shape:
         from trl_rapidfire.testing import make_sft_dataset, tiny_model_path
 
@@ -99,13 +115,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="the 135M-shape Llama of real_shape.py instead of the tiny model")
     parser.add_argument("--steps", type=int, default=2,
                         help="with --real-shape: steps (and chunks) per config (default 2)")
+    parser.add_argument("--fine-chunks", action="store_true",
+                        help="8 configs x 32 steps in --chunks one-step chunks, checkpoints as "
+                             "shipped (issue 56's short-turn workload)")
+    parser.add_argument("--chunks", type=int, default=32,
+                        help="with --fine-chunks: num_chunks (default 32: one step a chunk)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="smoke test: the tiny model, 64 rows")
-    parser.add_argument("--checkpoint-every", default="chunk",
-                        help="checkpoint_every (default: every boundary, the most a turn costs)")
+    parser.add_argument("--checkpoint-every", default=None,
+                        help="checkpoint_every (default: every boundary, the most a turn costs; "
+                             "with --fine-chunks, the config's default)")
     args = parser.parse_args(argv)
     if args.quick and args.real_shape:
         parser.error("--quick is the tiny model's smoke test: leave out --real-shape")
+    if args.fine_chunks and (args.quick or args.real_shape):
+        parser.error("--fine-chunks is a workload of its own: leave out --quick/--real-shape")
+    if args.checkpoint_every is None and not args.fine_chunks:
+        args.checkpoint_every = "chunk"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import datasets
     import torch
@@ -121,12 +147,19 @@ def main(argv: list[str] | None = None) -> int:
 
     path, data, kwargs, targets, ranks, chunks = workload(args)
     instrument()
+    if args.fine_chunks:  # scaling.py's 8 learning rates, one rank
+        import scaling
+
+        rates = scaling.learning_rates(8)
+    else:  # 4 learning rates x 2 ranks
+        rates = [1e-4, 3e-4, 1e-3, 3e-3]
+    if args.checkpoint_every is not None:
+        kwargs = dict(kwargs, checkpoint_every=args.checkpoint_every)
     with tempfile.TemporaryDirectory(prefix="rf-turn-costs-") as out:
         trainer = RFSFTTrainer(
             model=path,
-            args=RFSFTConfig(output_dir=out, num_chunks=chunks,
-                             checkpoint_every=args.checkpoint_every,
-                             learning_rate=List([1e-4, 3e-4, 1e-3, 3e-3]), **kwargs),
+            args=RFSFTConfig(output_dir=out, num_chunks=chunks, learning_rate=List(rates),
+                             **kwargs),
             train_dataset=data,
             peft_config=List([tiny_lora_config(r=r, target_modules=targets) for r in ranks]))
         with contextlib.redirect_stdout(io.StringIO()):

@@ -105,3 +105,21 @@ def test_times_are_the_text_and_microseconds_of_exact_rounding():
     samples += [rng.randint(0, 4 * 10**15) * 0.5e-6 for _ in range(2000)]  # exact halves
     for seconds in samples:
         assert (utc_text(seconds), whole_micros(seconds)) == reference(seconds), seconds
+
+
+def test_a_chunks_row_is_the_csv_modules_row_for_every_name_and_number():
+    """The row appended at each chunk's end is formatted directly: it must be the csv module's
+    row byte for byte, a name that needs quoting included (those take the csv module's path)."""
+    from trl_rapidfire.storage.schedule import _csv_row_text, _row_text
+
+    rnd = random.Random(5)
+    names = ["run-0", "run-17", "a,b", 'say "hi"', "line\nbreak", "tab\there", "é-run", " x "]
+    for name in names:
+        for _ in range(50):
+            start = rnd.uniform(0, 4e9)
+            record = ChunkRecord(run=name, epoch=rnd.randrange(3), chunk=rnd.randrange(99),
+                                 number=rnd.randrange(10**6), worker=rnd.randrange(64),
+                                 start_time=start, end_time=start + rnd.uniform(0, 1e4),
+                                 start_step=(s := rnd.randrange(10**7)),
+                                 end_step=s + rnd.randrange(1000))
+            assert _row_text(record) == _csv_row_text(record)

@@ -82,19 +82,20 @@ def answer_package_checks_once() -> None:
         imports._is_package_available = functools.cache(check)
 
 
-def _copy_value(value: Any) -> Any:
+def _copied(values: dict[str, Any]) -> dict[str, Any]:
     # GradientState keeps its dataloader references in a list and its plugin settings in a dict,
-    # both changed in place: a snapshot needs its own containers, not just its own dict.
-    if isinstance(value, list):
-        return list(value)
-    if isinstance(value, dict):
-        return dict(value)
-    return value
+    # both changed in place: a snapshot needs its own containers, not just its own dict. (Two
+    # passes, no call per value: this runs twice a turn.)
+    out = dict(values)
+    for key, value in values.items():
+        if isinstance(value, (list, dict)):
+            out[key] = value.copy()
+    return out
 
 
 def snapshot_accelerate_state() -> AccelerateSnapshot:
     """A copy of accelerate's shared state as it is now."""
-    return [{k: _copy_value(v) for k, v in cls._shared_state.items()} for cls in _STATES]
+    return [_copied(cls._shared_state) for cls in _STATES]
 
 
 def restore_accelerate_state(snapshot: AccelerateSnapshot, *, keep_empty: bool = False) -> None:
@@ -107,7 +108,7 @@ def restore_accelerate_state(snapshot: AccelerateSnapshot, *, keep_empty: bool =
         if keep_empty and not saved:
             continue
         cls._shared_state.clear()
-        cls._shared_state.update({k: _copy_value(v) for k, v in saved.items()})
+        cls._shared_state.update(_copied(saved))
 
 
 @contextlib.contextmanager
@@ -129,7 +130,7 @@ def fill_empty_from(snapshot: AccelerateSnapshot) -> None:
     that holds a state keeps it (it is the script's)."""
     for cls, saved in zip(_STATES, snapshot):
         if not cls._shared_state and saved:
-            cls._shared_state.update({k: _copy_value(v) for k, v in saved.items()})
+            cls._shared_state.update(_copied(saved))
 
 
 @contextlib.contextmanager

@@ -10,9 +10,11 @@ break, so each is named, says why, and has a public fallback.
   only with a PEFT whose minor version this fast path was checked against
   (:data:`PEFT_CHECKED`, the test suite's); with another, the model pool uses PEFT's own
   ``set_adapter`` (slower switches, the same weights) and says so once.
-* torch: ``ModuleDict._modules``, to put a detached adapter's very modules back without
-  ``add_module``'s checks of a new name (a third of a switch on the tiny model); stable since
-  torch 1.0, and what ``ModuleDict.__setitem__`` ends with.
+* torch: ``ModuleDict._modules``, the dict a ``ModuleDict`` keeps its entries in: a detached
+  adapter's very modules are taken out of it and put back without ``Module.__delattr__``'s and
+  ``add_module``'s checks (each a lookup through three dicts; together half of a switch on the
+  tiny model). Stable since torch 1.0, and what ``ModuleDict.__setitem__`` and ``__delitem__``
+  end with.
 * datasets: ``Dataset._fingerprint``, what identifies a dataset between two launches of a
   script (datasets has no public name for it); without one, the dataset's length.
 * transformers' Trainer: ``_tr_loss`` (the loss summed since the last log), ``_total_loss_scalar``
@@ -43,7 +45,7 @@ __all__ = [
     "dataset_fingerprint",
     "log_carry",
     "peft_fast_switch",
-    "put_module_back",
+    "entries_of",
     "restore_log_carry",
     "set_layer_active_adapter",
     "total_loss_scalar",
@@ -105,9 +107,15 @@ def wrapper_copies(module: Any) -> tuple[torch.nn.ModuleDict, set[str]] | None:
     return copies, adapters
 
 
-def put_module_back(container: torch.nn.ModuleDict, key: str, module: torch.nn.Module) -> None:
-    """Put ``module``, taken out of ``container`` under ``key``, back where it was."""
-    container._modules[key] = module
+def entries_of(container: Any) -> Any:
+    """The mutable mapping that holds ``container``'s per-adapter entries: a ``ModuleDict``'s
+    ``_modules``, a plain dict itself; ``container`` itself for anything else (a
+    ``ParameterDict``, whose entries live in its parameters)."""
+    if type(container) is torch.nn.ModuleDict:
+        modules = container.__dict__.get("_modules")
+        if type(modules) is dict:
+            return modules
+    return container
 
 
 def dataset_fingerprint(data: Any) -> Any:

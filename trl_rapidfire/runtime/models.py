@@ -40,8 +40,8 @@ import torch
 from transformers import set_seed
 
 from .foreign_internals import (
+    entries_of,
     peft_fast_switch,
-    put_module_back,
     set_layer_active_adapter,
     wrapper_adapters,
     wrapper_copies,
@@ -255,12 +255,14 @@ class ModelGroup:
             modules = list(self.model.modules())
             self._tuner_layers = [m for m in modules if isinstance(m, BaseTunerLayer)]
             self._aux_modules = [m for m in modules if isinstance(m, AuxiliaryTrainingWrapper)]
-            # Each layer's per-adapter containers, found once: detaching and attaching at every
-            # switch then costs a membership test per container, not an attribute lookup
-            # through torch's Module.__getattr__ (half of a switch's time on the tiny model).
+            # Each layer's per-adapter containers, found once, as the dicts that hold their
+            # entries: detaching and attaching at every switch then costs a pop and a store
+            # per container, not torch's Module.__getattr__/__delattr__ and add_module (most
+            # of a switch's time on the tiny model).
             kinds = (dict, torch.nn.ModuleDict, torch.nn.ParameterDict)
             self._containers = [
-                (layer, [c for attr in (*layer.adapter_layer_names, *layer.other_param_names)
+                (layer, [entries_of(c)
+                         for attr in (*layer.adapter_layer_names, *layer.other_param_names)
                          if isinstance(c := getattr(layer, attr, None), kinds)])
                 for layer in self._tuner_layers]
 
@@ -291,16 +293,14 @@ class ModelGroup:
                 return self._put_back(taken)
             for container in containers:
                 if name in container:
-                    taken.append((container, name, container[name]))
-                    del container[name]
+                    taken.append((container, name, container.pop(name)))
         for wrapper in self._aux_modules:
             held = wrapper_copies(wrapper)
             if held is not None and name in held[1]:
                 # Its copy of a module to save (a score head) and its place in the wrapper's
                 # adapters leave together; the wrapper then walks the active copy alone.
-                copies, adapters = held
-                taken += [(copies, name, copies[name]), (adapters, name, None)]
-                del copies[name]
+                copies, adapters = entries_of(held[0]), held[1]
+                taken += [(copies, name, copies.pop(name)), (adapters, name, None)]
                 adapters.discard(name)
         self._detached[name] = taken
         self._attached.discard(name)
@@ -329,12 +329,9 @@ class ModelGroup:
     @staticmethod
     def _put_back(taken: list[tuple[Any, str, Any]]) -> bool:
         for container, key, value in taken:
-            if isinstance(container, set):  # a modules-to-save wrapper's adapters
+            if type(container) is set:  # a modules-to-save wrapper's adapters
                 container.add(key)
-            elif type(container) is torch.nn.ModuleDict:
-                # Without __setitem__'s checks of a new name and module (foreign_internals).
-                put_module_back(container, key, value)
-            else:
+            else:  # a dict holding a container's entries (see entries_of)
                 container[key] = value
         return False
 

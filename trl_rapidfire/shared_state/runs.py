@@ -184,8 +184,12 @@ class RunState:
         self.error = error
 
     def copy(self) -> RunState:
-        """An independent copy (its knobs too)."""
-        return RunState.from_json(self.to_json())
+        """An independent copy, not watched (its knobs shared: they never change in place)."""
+        new = object.__new__(RunState)
+        fields = dict(self.__dict__)
+        fields.pop("_touched", None)
+        new.__dict__.update(fields)
+        return new
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-friendly dict (status as its string value)."""

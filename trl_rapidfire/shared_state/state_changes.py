@@ -13,7 +13,6 @@ claims' leases, the gang) are compared with a copy.
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,8 @@ class Tracked(dict):
         self.changed: set[str] = set()
 
     def reset(self) -> None:
-        self.changed = set()
+        if self.changed:  # a new set only when there is something to forget (most maps: not)
+            self.changed = set()
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.changed.add(key)
@@ -79,8 +79,8 @@ def watch_runs(runs: Any, touched: set[str]) -> None:
 def _encode(name: str, value: Any) -> Any:
     if name == "runs":
         return value.to_json()
-    if name == "claims":
-        return asdict(value)
+    if name == "claims":  # asdict() without its recursion (a claim's fields are plain)
+        return {"worker": value.worker, "chunk": value.chunk, "lease_until": value.lease_until}
     return value
 
 
@@ -111,7 +111,7 @@ class Marks:
                     watch_runs(value.values(), touched)
             value.reset()
         self.claims = {n: (c.worker, c.chunk, c.lease_until) for n, c in state.claims.items()}
-        self.gang = copy.deepcopy(state.gang)
+        self.gang = None if state.gang is None else copy.deepcopy(state.gang)
         self.order = list(state.order)
         self.scalars = {name: getattr(state, name) for name in SCALARS}
         self.maps = {name: getattr(state, name) for name in MAPS}
