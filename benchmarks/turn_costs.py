@@ -23,6 +23,7 @@ Usage::
     python benchmarks/turn_costs.py --threads 1
     python benchmarks/turn_costs.py --real-shape --threads 1
     python benchmarks/turn_costs.py --fine-chunks --threads 1   # 256 one-step turns
+    python benchmarks/turn_costs.py --fine-chunks --count-calls # calls a turn makes
 
 Before/after a change: run this script against the other tree's package, e.g.
 ``PYTHONPATH=/tmp/before python benchmarks/turn_costs.py --fine-chunks --threads 1``.
@@ -109,6 +110,31 @@ def workload(args: argparse.Namespace) -> tuple[str, Any, dict[str, Any], tuple,
             real_shape.TARGET_MODULES, real_shape.LORA_RANKS, args.steps)
 
 
+def count_calls(train_once: Any, chunks: int, few: int = 2) -> int:
+    """What a turn does besides its step, as a count that no load on the machine moves: the
+    Python and C function calls made inside ``train()`` (a profile hook counts them), at
+    ``chunks`` chunks and at ``few``, the difference over the difference in turns. The same
+    steps are trained either way, so the steps' calls cancel out."""
+    counted: dict[int, tuple[int, int]] = {}
+    train_once(few)  # warm: first-time imports and caches are not a turn's
+    calls = [0]
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event in ("call", "c_call"):
+            calls[0] += 1
+
+    for num_chunks in (few, chunks):
+        calls[0] = 0
+        stats, _ = train_once(num_chunks, hook)
+        counted[num_chunks] = (calls[0], stats.turns)
+    (calls_few, turns_few), (calls_many, turns_many) = counted[few], counted[chunks]
+    print(f"function calls in train(): {calls_few:,} at {few} chunks ({turns_few} turns), "
+          f"{calls_many:,} at {chunks} chunks ({turns_many} turns)")
+    print(f"calls a turn besides its step: "
+          f"{(calls_many - calls_few) / max(turns_many - turns_few, 1):.0f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--real-shape", action="store_true",
@@ -120,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
                              "shipped (issue 56's short-turn workload)")
     parser.add_argument("--chunks", type=int, default=32,
                         help="with --fine-chunks: num_chunks (default 32: one step a chunk)")
+    parser.add_argument("--count-calls", action="store_true",
+                        help="instead of timing: the function calls a turn makes besides its "
+                             "step (train() at 2 chunks and at the workload's, counted by a "
+                             "profile hook): a figure the machine's load does not move")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="smoke test: the tiny model, 64 rows")
     parser.add_argument("--checkpoint-every", default=None,
@@ -146,7 +176,6 @@ def main(argv: list[str] | None = None) -> int:
     from trl_rapidfire.testing import tiny_lora_config
 
     path, data, kwargs, targets, ranks, chunks = workload(args)
-    instrument()
     if args.fine_chunks:  # scaling.py's 8 learning rates, one rank
         import scaling
 
@@ -155,16 +184,28 @@ def main(argv: list[str] | None = None) -> int:
         rates = [1e-4, 3e-4, 1e-3, 3e-3]
     if args.checkpoint_every is not None:
         kwargs = dict(kwargs, checkpoint_every=args.checkpoint_every)
-    with tempfile.TemporaryDirectory(prefix="rf-turn-costs-") as out:
-        trainer = RFSFTTrainer(
-            model=path,
-            args=RFSFTConfig(output_dir=out, num_chunks=chunks, learning_rate=List(rates),
-                             **kwargs),
-            train_dataset=data,
-            peft_config=List([tiny_lora_config(r=r, target_modules=targets) for r in ranks]))
-        with contextlib.redirect_stdout(io.StringIO()):
-            trainer.train()
-        stats, schedule = trainer.engine.stats, list(trainer.schedule)
+
+    def train_once(num_chunks: int, hook: Any = None) -> tuple[Any, list[Any]]:
+        with tempfile.TemporaryDirectory(prefix="rf-turn-costs-") as out:
+            trainer = RFSFTTrainer(
+                model=path,
+                args=RFSFTConfig(output_dir=out, num_chunks=num_chunks,
+                                 learning_rate=List(rates), **kwargs),
+                train_dataset=data,
+                peft_config=List([tiny_lora_config(r=r, target_modules=targets)
+                                  for r in ranks]))
+            with contextlib.redirect_stdout(io.StringIO()):
+                sys.setprofile(hook)
+                try:
+                    trainer.train()
+                finally:
+                    sys.setprofile(None)
+            return trainer.engine.stats, list(trainer.schedule)
+
+    if args.count_calls:
+        return count_calls(train_once, chunks)
+    instrument()
+    stats, schedule = train_once(chunks)
     turns = max(stats.turns, 1)
     print(f"trl-rapidfire turn costs ({'real shape' if args.real_shape else 'tiny model'}, "
           f"8 runs, {turns} turns, torch threads {torch.get_num_threads()})")

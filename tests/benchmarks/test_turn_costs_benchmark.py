@@ -33,3 +33,25 @@ def test_turn_costs_quick_run_prints_every_part(tmp_path):
     assert rows["boundary checkpoint, in the run's turn"][0] == 8 * 3
     assert all(mean > 0 for _, mean in rows.values())
     assert re.search(r"schedule\.csv gaps [\d.]+ ms per turn, [\d.]+% of chunk time", out)
+
+
+@pytest.mark.slow
+def test_a_one_step_turn_makes_a_bounded_number_of_calls(tmp_path):
+    """Issue 56's short-turn workload (8 configs x 32 steps in one-step chunks), counted, not
+    timed: the calls a turn makes besides its step. 1,105 before issue 56's cuts, 856 after;
+    the bound leaves room for a Python or library version, not for a turn that walks the runs
+    or does a second transaction."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "turn_costs.py"), "--fine-chunks",
+         "--count-calls", "--threads", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = re.search(r"([\d,]+) at 2 chunks \((\d+) turns\), ([\d,]+) at 32 chunks \((\d+) "
+                       r"turns\)", proc.stdout)
+    assert counts, proc.stdout
+    few, few_turns, many, many_turns = (int(g.replace(",", "")) for g in counts.groups())
+    assert (few_turns, many_turns) == (16, 256)
+    per_turn = int(re.search(r"calls a turn besides its step: (\d+)", proc.stdout).group(1))
+    assert per_turn == round((many - few) / (many_turns - few_turns))
+    assert 0 < per_turn < 1000, proc.stdout  # fails on the code before the cuts (1,105)
