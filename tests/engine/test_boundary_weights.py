@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import torch
 from peft import get_peft_model_state_dict
 
-from trl_rapidfire.runtime.models import ModelPool, adapter_name, adapter_params
+from trl_rapidfire.runtime.model_pool import ModelPool
+from trl_rapidfire.runtime.models import adapter_name, adapter_params
 from trl_rapidfire.testing import build_model, build_tokenizer, tiny_lora_config
 from trl_rapidfire.trainers.boundary_checkpoints import _params_behind
 from trl_rapidfire.trainers.run_trainer import RunTrainerMixin

@@ -7,13 +7,8 @@ from typing import Any
 import pytest
 import torch
 
-from trl_rapidfire.runtime.models import (
-    ModelPool,
-    adapter_name,
-    adapter_params,
-    choose_offloads,
-    move_module,
-)
+from trl_rapidfire.runtime.model_pool import ModelPool, choose_offloads, move_module
+from trl_rapidfire.runtime.models import adapter_name, adapter_params
 from trl_rapidfire.testing import build_model, build_tokenizer, tiny_lora_config
 
 

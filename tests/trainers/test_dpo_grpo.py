@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
 
 from trl_rapidfire import GridSearch, List, RFDPOConfig, RFDPOTrainer, RFGRPOConfig, RFGRPOTrainer
-from trl_rapidfire.runtime.models import module_bytes
+from trl_rapidfire.runtime.model_pool import module_bytes
 from trl_rapidfire.shared_state.runs import RunStatus
 from trl_rapidfire.testing import (
     cpu_training_kwargs,

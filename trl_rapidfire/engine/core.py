@@ -21,7 +21,7 @@ from ..reports.progress import ExperimentProgress
 from ..reports.ranking import RankingMetric
 from ..reports.results import RunResult
 from ..runtime.cache import StateCache
-from ..runtime.models import ModelPool
+from ..runtime.model_pool import ModelPool
 from ..runtime.switch import RunCoroutine
 from ..runtime.workers import current_worker
 from ..shared_state.runs import RunStatus

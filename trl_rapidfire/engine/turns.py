@@ -21,7 +21,7 @@ import torch
 from ..control.policies import Policy
 from ..runtime.accelerate_state import restore_accelerate_state, snapshot_accelerate_state
 from ..runtime.cache import StateCache
-from ..runtime.models import ModelPool
+from ..runtime.model_pool import ModelPool
 from ..runtime.switch import Aborted, RngState
 from ..storage.checkpoints import (
     DEFAULT_CADENCE,

@@ -83,7 +83,9 @@ def peft_fast_switch(version: str | None = None) -> bool:
 def set_layer_active_adapter(layer: Any, name: str) -> None:
     """What PEFT's ``BaseTunerLayer.set_adapter(name)`` sets last, once the adapters'
     trainability is already right (the caller toggled it)."""
-    layer._active_adapter = [name]
+    # Straight into the instance dict: a list is never a parameter, buffer or submodule, so
+    # Module.__setattr__'s checks (a tenth of a switch's calls) would end there too.
+    layer.__dict__["_active_adapter"] = [name]
 
 
 def wrapper_adapters(module: Any) -> Collection[str]:

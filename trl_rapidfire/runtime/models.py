@@ -1,22 +1,14 @@
-"""Base models shared by the runs that use them.
+"""One base model and the runs' adapters on it: which one is in the module tree.
 
-Runs that train LoRA (any PEFT) adapters on the same base model share ONE loaded copy of it:
-the :class:`ModelPool` loads each distinct base model once and wraps it in one multi-adapter
-``PeftModel`` in which every run has an adapter of its own (PEFT's ``add_adapter``). Only the
-active adapter is in the model's module tree at all: the others are *detached* (their modules
-taken out of PEFT's per-adapter containers, the very objects kept), so everything that walks
-the model (the Trainer's ``model.train()``, ``zero_grad``, gradient clipping, parameter
-grouping, PEFT's state dicts, FLOP counting) walks the base model and one adapter, whatever
-the number of runs. A run trains exactly as it would on a model holding its adapter alone.
-
-Full fine-tuning runs of the same base model share one module object too; their weights are
-swapped in and out of it (:mod:`trl_rapidfire.runtime.residency`), starting from a copy of the
-pretrained weights kept in the state cache.
-
-Several distinct base models live within the device's memory: on a CUDA device, before a
-group computes, the least recently used other groups are offloaded to host memory until the
-group fits (:meth:`ModelPool.make_room`), and reloaded when their turn comes. Tensors move
-inside the existing parameter objects, so optimizers and the state cache stay valid.
+Runs that train LoRA (any PEFT) adapters on the same base model share ONE loaded copy of it
+(:class:`~trl_rapidfire.runtime.model_pool.ModelPool` loads it once), wrapped in one
+multi-adapter ``PeftModel`` in which every run has an adapter of its own (PEFT's
+``add_adapter``). A :class:`ModelGroup` is that model and its runs' adapters. Only the active
+adapter is in the model's module tree at all: the others are *detached* (their modules taken
+out of PEFT's per-adapter containers, the very objects kept), so everything that walks the
+model (the Trainer's ``model.train()``, ``zero_grad``, gradient clipping, parameter grouping,
+PEFT's state dicts, FLOP counting) walks the base model and one adapter, whatever the number of
+runs. A run trains exactly as it would on a model holding its adapter alone.
 
 A reward model's base (a sequence-classification model) gets a new, random score head when it
 loads, drawn from the seed set just before: its group is loaded per seed, and each of its runs'
@@ -30,9 +22,7 @@ skips names containing ``bias`` or ``norm``), so a user's run name never becomes
 from __future__ import annotations
 
 import copy
-import json
 import warnings
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,15 +38,7 @@ from .foreign_internals import (
 )
 from .switch import RngState
 
-__all__ = [
-    "BaseModelLoad",
-    "ModelGroup",
-    "ModelPool",
-    "adapter_name",
-    "adapter_params",
-    "choose_offloads",
-    "move_module",
-]
+__all__ = ["ModelGroup", "adapter_name", "adapter_params"]
 
 
 def adapter_name(index: int) -> str:
@@ -72,71 +54,6 @@ def adapter_params(model: torch.nn.Module, adapter: str) -> list[torch.nn.Parame
     return [p for n, p in model.named_parameters() if tag in n or n.endswith(end)]
 
 
-def move_module(module: torch.nn.Module, device: torch.device | str) -> None:
-    """Move every parameter and buffer of ``module`` to ``device`` in place: the parameter
-    objects stay the same (optimizers key their state by them)."""
-    device = torch.device(device)
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.device != device:
-                p.data = p.data.to(device)
-        for m in module.modules():
-            for name, b in list(m.named_buffers(recurse=False)):
-                if b.device != device:
-                    setattr(m, name, b.to(device))  # a buffer stays registered as one
-
-
-def module_bytes(module: torch.nn.Module, device: torch.device | None = None, *,
-                 on: bool = True) -> int:
-    """Bytes of the module's parameters and buffers (with ``device``: only those on it, or,
-    with ``on=False``, only those elsewhere)."""
-    tensors = list(module.parameters()) + list(module.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors
-               if device is None or (t.device == device) == on)
-
-
-def choose_offloads(
-    resident: list[tuple[str, int]], need: int, free: int, reserve: int = 0
-) -> list[str]:
-    """Which resident groups to offload so that ``need`` bytes fit.
-
-    Args:
-        resident: ``(key, bytes on the device)`` of the other groups on the device, least
-            recently used first.
-        need: bytes the incoming group still has to bring onto the device.
-        free: bytes free on the device now.
-        reserve: bytes to keep free beyond ``need`` (activations, optimizer steps).
-
-    Returns the keys to offload, least recently used first: the fewest that make room, or all
-    of them when even that is not enough (the incoming group then gets the whole device).
-    """
-    out = []
-    for key, nbytes in resident:
-        if free >= need + reserve:
-            break
-        out.append(key)
-        free += nbytes
-    return out
-
-
-@dataclass(frozen=True)
-class BaseModelLoad:
-    """How a trainer kind loads its base model from a path, as its TRL trainer does.
-
-    Attributes:
-        architecture: the auto class (``None``: what TRL loads by default, a causal LM).
-        seeded: loading draws weights from the random streams (a new classification head),
-            so it is made right after ``set_seed(<the run's seed>)``, once per seed.
-        init_kwargs: load arguments the trainer adds (a reward model's ``num_labels=1``).
-    """
-
-    architecture: Any = None
-    seeded: bool = False
-    init_kwargs: tuple[tuple[str, Any], ...] = ()
-
-
-def _kwargs_key(kwargs: dict[str, Any]) -> str:
-    return json.dumps(kwargs, sort_keys=True, default=repr)
 
 
 @dataclass
@@ -189,7 +106,8 @@ class ModelGroup:
         base weights and this adapter only.
         """
         model = self.model
-        if model.peft_config[name].is_prompt_learning:
+        configs = model.peft_config  # a property reached through PeftModel.__getattr__: once
+        if configs[name].is_prompt_learning:
             model.set_adapter(name)
             return
         self.attach(name)
@@ -225,7 +143,7 @@ class ModelGroup:
         model.base_model.active_adapter = name
         self._active = name
         for other in list(self._attached - {name}):
-            self.detach(other)
+            self.detach(other, configs)
 
     def _made_trainable(self, name: str) -> list[torch.nn.Parameter]:
         return [p for p in self._adapter_modules_params(name) if p.requires_grad]
@@ -266,7 +184,7 @@ class ModelGroup:
                          if isinstance(c := getattr(layer, attr, None), kinds)])
                 for layer in self._tuner_layers]
 
-    def detach(self, name: str) -> bool:
+    def detach(self, name: str, configs: dict[str, Any] | None = None) -> bool:
         """Take adapter ``name``'s modules out of the model, keeping the very objects.
 
         Every run but the active one is detached between its turns (:meth:`activate` does
@@ -278,11 +196,15 @@ class ModelGroup:
         number of runs (a step at 128 runs cost 5.75x a step at 8 on the tiny model).
         :meth:`attach` puts the modules back as they were.
         Returns whether the adapter was detached (not the active one, not prompt learning,
-        no trainable-token wrappers, which keep per-adapter state of their own).
+        no trainable-token wrappers, which keep per-adapter state of their own). ``configs``:
+        the model's ``peft_config``, when the caller already holds it.
         """
         model = self.model
-        if (not self.peft or name in self._detached or name not in model.peft_config
-                or name == model.active_adapter or model.peft_config[name].is_prompt_learning):
+        if not self.peft or name in self._detached:
+            return False
+        configs = model.peft_config if configs is None else configs
+        if (name not in configs or name == model.active_adapter
+                or configs[name].is_prompt_learning):
             return False
         if self._needs_attached(name):
             return False
@@ -368,103 +290,3 @@ class ModelGroup:
                 self.model = get_peft_model(self.base, config, adapter_name=name)
         self._attached.add(name)
         return adapter_params(self.model, name)
-
-
-class ModelPool:
-    """Loads each distinct base model once and groups the runs that share it.
-
-    Attributes:
-        loads: how many times each model key was loaded from a path (tests assert 1).
-    """
-
-    def __init__(self, reserve_fraction: float = 0.2) -> None:
-        self.groups: dict[str, ModelGroup] = {}
-        self.loads: Counter[str] = Counter()
-        self.offloads: Counter[str] = Counter()
-        self.reserve_fraction = reserve_fraction
-        self._objects: dict[int, Any] = {}
-        self._lru: list[str] = []  # group keys, least recently used first
-
-    def make_room(self, group: ModelGroup, device: torch.device | str) -> None:
-        """Before ``group`` computes on ``device``: on a CUDA device, offload least recently
-        used other groups to host memory until it fits, then bring it onto the device. On the
-        CPU every group is already where it computes: nothing moves."""
-        device = torch.device(device)
-        if group.key in self._lru:
-            self._lru.remove(group.key)
-        self._lru.append(group.key)
-        if device.type != "cuda":
-            return
-        need = module_bytes(group.model, device, on=False)
-        if need == 0:
-            return
-        free, total = torch.cuda.mem_get_info(device)
-        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        resident = []
-        for key in self._lru[:-1]:
-            other = self.groups[key]
-            on_device = module_bytes(other.model, device)
-            if on_device:
-                resident.append((key, on_device))
-        for key in choose_offloads(resident, need, free, int(self.reserve_fraction * total)):
-            move_module(self.groups[key].model, "cpu")
-            self.offloads[key] += 1
-        torch.cuda.empty_cache()
-        move_module(group.model, device)
-
-    def group(
-        self,
-        model: Any,
-        *,
-        peft_config: Any,
-        model_init_kwargs: dict[str, Any] | None,
-        trust_remote_code: bool = False,
-        architecture: Any = None,
-        seed: int | None = None,
-    ) -> ModelGroup:
-        """The group for runs of ``model`` (a path/name or a model object) trained with
-        ``peft_config`` (``None``: full fine-tuning), loading the model if it is new.
-
-        ``architecture``: the auto class a path loads with (``None``: the causal LM TRL loads);
-        ``seed``: a load that draws weights (a new head) is made after ``set_seed(seed)``, once
-        per seed."""
-        if isinstance(model, str):
-            init_kwargs = dict(model_init_kwargs or {})
-            init_kwargs.setdefault("trust_remote_code", trust_remote_code)
-            source = f"path:{model}:{_kwargs_key(init_kwargs)}"
-            if architecture is not None:
-                source += f":{architecture.__name__}"
-            if seed is not None:
-                source += f":seed={seed}"
-        else:
-            init_kwargs = None
-            self._objects[id(model)] = model  # keep it alive so the id stays unique
-            source = f"object:{id(model)}"
-        kind = f"peft:{peft_config.peft_type}" if peft_config is not None else "full"
-        key = f"{source}|{kind}"
-        if key in self.groups:
-            return self.groups[key]
-
-        streams = None
-        if isinstance(model, str):
-            if seed is not None:
-                set_seed(seed)
-            base = self._load(model, init_kwargs or {}, source, architecture)
-            streams = RngState.capture() if seed is not None else None
-        elif any(g.key.startswith(source + "|") for g in self.groups.values()):
-            # The object already backs another kind of training (adapters were injected into
-            # it, or its weights are being fine-tuned): this kind gets its own copy.
-            base = copy.deepcopy(model)
-        else:
-            base = model
-        group = ModelGroup(key=key, base=base, model=base, peft=peft_config is not None,
-                           streams_after_load=streams)
-        self.groups[key] = group
-        return group
-
-    def _load(self, model_id: str, init_kwargs: dict[str, Any], source: str,
-              architecture: Any = None) -> Any:
-        from trl.trainer.utils import create_model_from_path
-
-        self.loads[source] += 1
-        return create_model_from_path(model_id, architecture, **init_kwargs)

@@ -109,7 +109,8 @@ class Marks:
                 setattr(state, name, value)
                 if name == "runs":
                     watch_runs(value.values(), touched)
-            value.reset()
+            if value.changed:  # reset(), without a call for the maps nothing changed
+                value.changed = set()
         self.claims = {n: (c.worker, c.chunk, c.lease_until) for n, c in state.claims.items()}
         self.gang = None if state.gang is None else copy.deepcopy(state.gang)
         self.order = list(state.order)

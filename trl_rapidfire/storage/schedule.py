@@ -109,8 +109,8 @@ def _row_text(record: ChunkRecord) -> str:
 
 
 def _all_int(r: ChunkRecord) -> bool:
-    return all(type(v) is int for v in (r.epoch, r.chunk, r.number, r.worker, r.start_step,
-                                         r.end_step))
+    return set(map(type, (r.epoch, r.chunk, r.number, r.worker, r.start_step,
+                          r.end_step))) == {int}
 
 
 class ScheduleAppender:

@@ -28,7 +28,7 @@ from ..reports.ranking import (
     read_ranking,
 )
 from ..runtime.cache import StateCache
-from ..runtime.models import ModelPool
+from ..runtime.model_pool import ModelPool
 from ..runtime.workers import current_worker, one_worker_warning
 from ..search.fingerprint import experiment_fingerprint
 from ..search.searches import AdaptiveSearch, ExpandingSearch, GridSearch, Search

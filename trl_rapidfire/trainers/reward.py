@@ -19,7 +19,7 @@ from trl import RewardTrainer
 
 from ..config.configs import RFRewardConfig
 from ..config.dataset_checks import check_dpo_dataset
-from ..runtime.models import BaseModelLoad
+from ..runtime.model_pool import BaseModelLoad
 from ..search.searches import Search
 from .base import RFTrainerMixin
 from .construction import each_dataset, experiment_config, trainer_arguments

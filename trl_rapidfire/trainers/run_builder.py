@@ -24,7 +24,8 @@ from ..engine import EvalCadence, NewRun, PlannedRun, RunSlot
 from ..engine.chunks import ChunkPlan
 from ..reports.knob_fields import dotted_params
 from ..runtime.accelerate_state import World, building_in
-from ..runtime.models import ModelPool, adapter_name
+from ..runtime.model_pool import ModelPool
+from ..runtime.models import adapter_name
 from ..runtime.workers import current_worker
 from ..search.searches import RunSpec, Search, SearchError
 from ..storage.layout import Layout, run_index

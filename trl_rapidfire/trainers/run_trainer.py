@@ -16,7 +16,7 @@ from torch.utils.data import SequentialSampler
 from transformers import PrinterCallback, ProgressCallback
 from transformers.integrations import MLflowCallback
 
-from ..runtime.models import BaseModelLoad
+from ..runtime.model_pool import BaseModelLoad
 from . import log_state
 from .adapter_files import save_adapter_alone
 from .boundary_checkpoints import BoundaryCheckpoints
