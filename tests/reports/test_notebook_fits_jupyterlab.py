@@ -89,11 +89,24 @@ def _button(driver, title: str):
     return found[0] if found else None
 
 
-def _click(driver, element) -> None:
-    """A person's click, the button scrolled to the middle of the rows' box first (their
-    header stays on top of the box and would take a click at its top edge)."""
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
-    element.click()
+def _click(driver, title: str, debug: Path):
+    """A person's click on the button ``title`` starts with, scrolled to the middle of the
+    rows' box first (their header stays on top of the box and would take a click at its top
+    edge). The panel redraws its rows while it trains: a button found just before a redraw is
+    stale (no click reaches the page), so it is found again. Returns the button clicked."""
+    clicked = []
+
+    def click(d) -> bool:
+        element = _button(d, title)
+        if element is None:
+            return False
+        d.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
+        element.click()
+        clicked.append(element)
+        return True
+
+    _wait(driver, click, f"a click on {title!r}", 30, debug)
+    return clicked[-1]
 
 
 def _answer(driver, run: str) -> tuple[str, str]:
@@ -152,7 +165,7 @@ def test_at_1280_px_with_the_file_browser_open_the_panel_fits_and_delete_is_conf
         assert max(measured["sideways"]) <= 0, measured["sideways"]
 
         # Delete, clicked while train() blocks the kernel: it asks to be confirmed first.
-        _click(driver, _button(driver, "delete run-100"))
+        _click(driver, "delete run-100", tmp_path)
         _wait(driver, lambda d: d.execute_script(
             "return arguments[0].innerText", _button(d, "delete run-100")) == "Confirm",
             "the Confirm button", 120, tmp_path)
@@ -160,8 +173,7 @@ def test_at_1280_px_with_the_file_browser_open_the_panel_fits_and_delete_is_conf
         assert not [op for op in _ops(out) if op[1] == "delete"]
         time.sleep(1)  # a person reads "Confirm" before clicking it (a click as it is drawn
         # is taken for the second half of a double click: notebook_buttons.CONFIRM_GAP)
-        confirm = _button(driver, "delete run-100")
-        _click(driver, confirm)
+        confirm = _click(driver, "delete run-100", tmp_path)
         held = driver.execute_script("return arguments[0].classList.contains('mod-active')",
                                      confirm)
         _wait(driver, lambda d: _answer(d, "run-100")[0].startswith("delete: ok"),

@@ -176,7 +176,11 @@ def test_in_jupyterlab_the_panel_shows_and_a_click_on_stop_stops_the_run(tmp_pat
         driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
         _wait(driver, lambda d: reached.exists() and _button(d, "stop run-1") is not None,
               "the panel, with run-1 held in its second chunk", 240, tmp_path)
-        _button(driver, "stop run-1").click()  # a person's click, through the page
+        # A person's click, through the page. The panel redraws its table while it trains:
+        # a button found just before a redraw is stale (no click reaches the page), so it is
+        # found again and clicked, once.
+        _wait(driver, lambda d: (button := _button(d, "stop run-1")) is not None
+              and button.click() is None, "a click on Stop", 30, tmp_path)
         _wait(driver, lambda d: "stop: queued" in _panel_text(d), "the queued answer", 30,
               tmp_path)
         release.touch()
