@@ -13,6 +13,7 @@ claims' leases, the gang) are compared with a copy.
 from __future__ import annotations
 
 import copy
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +77,15 @@ def watch_runs(runs: Any, touched: set[str]) -> None:
         run.watch(touched)
 
 
+# Read from the dataclass, so a field added to Claim is journalled without a change here.
+_CLAIM_FIELDS = tuple(f.name for f in fields(Claim))
+
+
 def _encode(name: str, value: Any) -> Any:
     if name == "runs":
         return value.to_json()
     if name == "claims":  # asdict() without its recursion (a claim's fields are plain)
-        return {"worker": value.worker, "chunk": value.chunk, "lease_until": value.lease_until}
+        return {field: getattr(value, field) for field in _CLAIM_FIELDS}
     return value
 
 
@@ -109,8 +114,7 @@ class Marks:
                 setattr(state, name, value)
                 if name == "runs":
                     watch_runs(value.values(), touched)
-            if value.changed:  # reset(), without a call for the maps nothing changed
-                value.changed = set()
+            value.reset()
         self.claims = {n: (c.worker, c.chunk, c.lease_until) for n, c in state.claims.items()}
         self.gang = None if state.gang is None else copy.deepcopy(state.gang)
         self.order = list(state.order)
