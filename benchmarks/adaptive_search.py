@@ -26,7 +26,9 @@ evaluated every ``--eval-every`` steps:
   constant liar, what ``OptunaSearch(num_runs=...)`` uses), the same without the constant
   liar (``no-liar``: Optuna 4.x's default, and what a trial in flight was to it: nothing), or
   transformers' sampler object (``same``: one at a time, ours then trains exactly the trials
-  transformers trains).
+  transformers trains). ``--rf-order``: OptunaSearch's ``order`` (``even``, the default:
+  the runs in the rotation side by side; ``promote``: a new run's first chunk, then the most
+  advanced run).
 
 For each seed of ``--seed`` (0 1 2 3), every side runs ``--repeats`` times (2), the sides
 alternated (hf, rf 1, rf 4, then the reverse order), and each side keeps its best
@@ -54,6 +56,8 @@ Usage (on a quiet machine; ~10 min at the defaults, 1 torch thread)::
     python benchmarks/adaptive_search.py --repeats 1 --seed 0 1 2 3 4 5 6 7 8 9 10 11 \
         --max-concurrent 1 2 4 8                      # the counts (the docs' 12 seeds), once
     python benchmarks/adaptive_search.py --repeats 1 --max-concurrent 4 --rf-sampler no-liar
+    python benchmarks/adaptive_search.py --repeats 1 --seed 0 1 2 3 4 5 6 7 8 9 10 11 \
+        --max-concurrent default --rf-order promote   # the docs' promote row
     python benchmarks/adaptive_search.py --trials 8 --rows 128 --seed 0 --repeats 1  # smoke
 
 Runs offline on CPU (``HF_HUB_OFFLINE=1``); on a CUDA machine it runs unchanged.
@@ -258,6 +262,7 @@ def run_rf(bench: ModuleType, setup: dict[str, Any], args: argparse.Namespace, o
                              eval_strategy=args.rf_eval_strategy, **_kwargs(bench)),
             train_dataset=setup["train"], eval_dataset=setup["evals"], peft_config=bench.lora(),
             search=OptunaSearch(_rf_sampler(args), num_runs=args.trials, seed=args.seed,
+                                order=args.rf_order,
                                 **({} if concurrent is None else {"max_concurrent": concurrent})),
             policy=[policy, clock])
         rf.train()
@@ -356,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="ours: evaluate where the pruner reads (policy: its rung steps "
                              "and each run's end, the documented use with a policy) or at "
                              "every chunk end (chunk: every --eval-every steps, as HF does)")
+    parser.add_argument("--rf-order", choices=("even", "promote"), default="even",
+                        help="OptunaSearch's order: even (the default) or promote")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--json")
@@ -383,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
           f"SuccessiveHalvingPruner(min_resource={args.min_resource}, reduction_factor="
           f"{args.reduction_factor}) over lr [{LR_MIN:g}, {LR_MAX:g}] log x {SCHEDULERS}; "
           f"{steps} steps a trial, eval every {args.eval_every} ({args.eval_rows} rows; ours: "
-          f"eval_strategy={args.rf_eval_strategy!r}, sampler {args.rf_sampler!r}); "
+          f"eval_strategy={args.rf_eval_strategy!r}, sampler {args.rf_sampler!r}, "
+          f"order {args.rf_order!r}); "
           f"{args.repeats} alternated repetition(s), each side's best; MLflow off; torch "
           f"{torch.__version__}, {args.threads} thread(s), {platform.machine()}, load "
           f"{os.getloadavg()[0]:.1f}", flush=True)

@@ -32,6 +32,8 @@ from trl_rapidfire.testing import (
 
 optuna = pytest.importorskip("optuna")
 
+from plain_sft import assert_each_run_is_plain_sft  # noqa: E402
+
 from trl_rapidfire.integrations.optuna.search import OptunaSearch  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1]
@@ -127,16 +129,7 @@ def test_tpe_proposes_k_at_a_time_each_told_once_and_each_run_is_plain_trl_bitwi
     # config alone.
     config = {k: v for k, v in BASE.items() if k != "num_chunks"}
     config["eval_strategy"] = "no"
-    for run in rf.runs:
-        alone = SFTTrainer(model=tiny_model_path(),
-                           args=SFTConfig(output_dir=str(tmp_path / "plain" / run.name),
-                                          **config, **run.knobs),
-                           train_dataset=make_sft_dataset(24, seed=1),
-                           peft_config=tiny_lora_config(r=4))
-        alone.train()
-        alone.save_model(str(tmp_path / "plain" / run.name / "final"))
-        _assert_same_adapter(out / "runs" / run.name / "final",
-                             tmp_path / "plain" / run.name / "final", run.name)
+    assert_each_run_is_plain_sft(rf, out, tmp_path / "plain", config, rows=24)
 
     # The same script again on a fresh folder proposes the same configs, in the same order.
     again = tmp_path / "again"
@@ -345,6 +338,7 @@ def test_status_and_report_show_which_runs_the_sampler_proposed_and_when(tmp_pat
     (dict(num_runs=2, metric=""), "metric"),
     (dict(num_runs=2, seed=1.5), "seed must be an integer"),
     (dict(num_runs=2, sampler="tpe"), "sampler must be an Optuna sampler"),
+    (dict(num_runs=2, order="deepest"), r"order must be one of \['even', 'promote'\]"),
 ])
 def test_bad_search_arguments_name_the_argument(kwargs, match):
     with pytest.raises(SearchError, match=match):

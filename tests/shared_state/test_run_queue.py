@@ -11,6 +11,7 @@ import pytest
 from trl_rapidfire.shared_state import state_file
 from trl_rapidfire.shared_state.run_queue import RunQueue
 from trl_rapidfire.shared_state.runs import RunStatus
+from trl_rapidfire.shared_state.scheduler import Order, rank
 from trl_rapidfire.shared_state.state_file import FileStore
 from trl_rapidfire.shared_state.store import (
     choose,
@@ -67,8 +68,9 @@ def _mutate(rng: random.Random, st, worker: str, queue: RunQueue, step: int, gon
     return kind
 
 
+@pytest.mark.parametrize("order", list(Order))
 @pytest.mark.parametrize("seed", range(12))
-def test_the_queue_picks_what_the_full_pass_picks(tmp_path, monkeypatch, seed):
+def test_the_queue_picks_what_the_full_pass_picks(tmp_path, monkeypatch, seed, order):
     # Small snapshots: compactions (by either worker) happen every few dozen transactions and
     # make the other worker read the state whole.
     monkeypatch.setattr(state_file, "_MIN_COMPACT_BYTES", 3000)
@@ -78,7 +80,7 @@ def test_the_queue_picks_what_the_full_pass_picks(tmp_path, monkeypatch, seed):
     with stores["w0"].transaction() as st:
         for i in range(rng.randint(3, 25)):
             st.add_run(f"run-{i}", rng.randint(1, 6))
-    queues = {w: RunQueue(w) for w in WORKERS}
+    queues = {w: RunQueue(w, order) for w in WORKERS}
     kinds, claimed, compared = set(), 0, 0
     gone: set[str] = set()
     for step in range(150):
@@ -87,14 +89,15 @@ def test_the_queue_picks_what_the_full_pass_picks(tmp_path, monkeypatch, seed):
             queues[worker].update(st, stores[worker].take_changed_runs())
             mine = {n for n, c in st.claims.items() if c.worker == worker}
             for finishing in (frozenset(), frozenset(rng.sample(sorted(mine), len(mine)))):
-                assert queues[worker].pick(st, worker, finishing) == choose(st, worker, finishing)
+                assert queues[worker].pick(st, worker, finishing) \
+                    == choose(st, worker, finishing, order)
                 compared += 1
             before = len(st.claims)
             kinds.add(_mutate(rng, st, worker, queues[worker], step, gone))
             claimed += len(st.claims) > before
             # Within the same body, after the change: the queue taken up to date again.
             queues[worker].update(st, stores[worker].take_changed_runs())
-            assert queues[worker].pick(st, worker) == choose(st, worker)
+            assert queues[worker].pick(st, worker) == choose(st, worker, order=order)
     assert claimed > 10 and compared == 300
     assert {"claim", "finish", "stop", "add", "gone"} <= kinds
 
@@ -155,14 +158,19 @@ def test_a_claim_recomputes_only_the_runs_that_changed(tmp_path, monkeypatch):
     assert 0 < len(computed) <= 3 * 39  # the finished run (and its neighbours), per claim
 
 
-def test_progress_as_a_float_orders_and_ties_as_exact_fractions():
+@pytest.mark.parametrize("order", list(Order))
+def test_the_rank_as_a_float_orders_and_ties_as_exact_fractions(order):
     from fractions import Fraction
 
-    from trl_rapidfire.shared_state.run_queue import _progress
+    def exact(done, total):  # the order's rule, in fractions
+        progress = Fraction(done, total)
+        return progress if order is Order.EVEN else (-1 if done == 0 else 1 - progress)
 
     pairs = [(d, t) for t in range(1, 301) for d in range(t + 1)]
-    exact = sorted({Fraction(d, t) for d, t in pairs})
-    floats = sorted({_progress(d, t) for d, t in pairs})
-    assert len(floats) == len(exact)  # equal ratios tie, different ones do not
-    assert [float(f) for f in exact] == floats
-    assert _progress(1, 3) == _progress(2, 6) == _progress(100, 300)
+    by_exact: dict = {}
+    for d, t in pairs:
+        by_exact.setdefault(exact(d, t), set()).add(rank(d, t, order))
+    assert all(len(floats) == 1 for floats in by_exact.values())  # equal ratios tie
+    ranks = [next(iter(by_exact[e])) for e in sorted(by_exact)]
+    assert all(a < b for a, b in zip(ranks, ranks[1:]))  # and keep the exact order
+    assert rank(1, 3, order) == rank(2, 6, order) == rank(100, 300, order)

@@ -153,7 +153,7 @@ def _alive(*dead):
 
 
 def test_a_gang_forms_from_the_next_workers_to_ask_and_records_its_chunk_once(tmp_path):
-    from trl_rapidfire.shared_state.store import finish_gang_chunk, gang_ready
+    from trl_rapidfire.shared_state.gang_state import finish_gang_chunk, gang_ready
 
     store = _store(tmp_path, runs=3)
     with store.transaction() as state:
@@ -181,7 +181,7 @@ def test_a_gang_forms_from_the_next_workers_to_ask_and_records_its_chunk_once(tm
 
 
 def test_a_gang_breaks_up_when_a_member_dies_and_its_chunk_is_trained_again(tmp_path):
-    from trl_rapidfire.shared_state.store import finish_gang_chunk, gang_ready
+    from trl_rapidfire.shared_state.gang_state import finish_gang_chunk, gang_ready
 
     store = _store(tmp_path, runs=1)
     with store.transaction() as state:
@@ -198,7 +198,7 @@ def test_a_gang_breaks_up_when_a_member_dies_and_its_chunk_is_trained_again(tmp_
 
 
 def test_a_stop_disbands_a_forming_gang_but_not_one_that_trains(tmp_path):
-    from trl_rapidfire.shared_state.store import disband_forming_gang
+    from trl_rapidfire.shared_state.gang_state import disband_forming_gang
 
     store = _store(tmp_path, runs=2)
     with store.transaction() as state:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..shared_state.run_queue import RunQueue
 from ..shared_state.runs import RunState, RunStatus
+from ..shared_state.scheduler import Order
 from ..shared_state.store import (
     StateStore,
     claim_next,
@@ -58,12 +59,13 @@ class Coordinator(GangMembership, ChunkRecords):
         fault: where a disk fault met while recording is noted.
         schedule_path: ``schedule.csv``.
         lease_seconds: how long a claim lives without renewal.
+        order: the scheduler's order (the same in every worker: each runs the same script).
     """
 
     def __init__(
         self, *, store: StateStore, worker: WorkerInfo, slots: dict[str, RunSlot],
         forget: Callable[[RunSlot], None], clock: WallClock, fault: FaultNote,
-        schedule_path: Path, lease_seconds: float,
+        schedule_path: Path, lease_seconds: float, order: Order = Order.EVEN,
     ) -> None:
         self.store = store
         self.worker = worker
@@ -93,7 +95,7 @@ class Coordinator(GangMembership, ChunkRecords):
         # What keeps a claim's cost from growing with the number of runs: the runs this worker
         # may claim, in the scheduler's order, and the runs whose record may differ from this
         # worker's view (None: any may); both fed by the shared state's change feed.
-        self._queue = RunQueue(worker.id)
+        self._queue = RunQueue(worker.id, order)
         self._unsynced: set[str] | None = None
         self.moved = MovedRuns()  # runs whose view moved since the policy last looked
         # Refused here, before anything is built on disk or in MLflow, if another process

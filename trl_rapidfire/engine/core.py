@@ -25,6 +25,7 @@ from ..runtime.model_pool import ModelPool
 from ..runtime.switch import RunCoroutine
 from ..runtime.workers import current_worker
 from ..shared_state.runs import RunStatus
+from ..shared_state.scheduler import Order
 from ..shared_state.state_file import FileStore
 from ..shared_state.store import StateStore, is_proposal
 from ..shared_state.worker_info import WorkerInfo
@@ -120,6 +121,7 @@ class Engine(RunCallEdges):
             store=self.store, worker=self.worker, slots=self.slots, forget=self._turns.forget,
             clock=self._clock, fault=self._fault, schedule_path=self.layout.schedule,
             lease_seconds=lease_seconds,
+            order=proposer.order if proposer is not None else Order.EVEN,
         )
         # Runs are registered through it (built, planned, or failed before training).
         self.registry = RunRegistry(

@@ -10,7 +10,8 @@ import time
 import warnings
 from typing import Any
 
-from ..shared_state.store import expire, finish_gang_chunk, gang_ready, release, renew
+from ..shared_state.gang_state import finish_gang_chunk, gang_ready
+from ..shared_state.store import expire, release, renew
 from ..shared_state.worker_info import WorkerInfo
 from ..storage.schedule import ChunkRecord, ScheduleAppender
 from .claims import GangWait

@@ -28,8 +28,9 @@ from ..control.ops import (
 )
 from ..control.policies import Policy
 from ..runtime.cache import save_tree
+from ..shared_state.gang_state import disband_forming_gang
 from ..shared_state.runs import RunState, RunStatus, status_op_refusal
-from ..shared_state.store import StateStore, disband_forming_gang
+from ..shared_state.store import StateStore
 from ..shared_state.worker_info import WorkerInfo
 from ..storage.csv_logs import printable
 from ..storage.faults import ExperimentFault, disk_fault

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..control.policies import RunHistory
+from ..shared_state.scheduler import Order
 from ..shared_state.store import StateStore, is_proposal
 from ..storage.layout import Layout, run_index, run_name
 from .building import register_failed
@@ -54,6 +55,7 @@ class Proposer(Protocol):
     """An adaptive search, as the engine asks it (called under the shared state's lock)."""
 
     max_concurrent: int
+    order: Order  # which runs in the rotation train first (see shared_state.scheduler)
 
     def more(self) -> bool:
         """Whether it may propose another run."""

@@ -20,34 +20,31 @@ import heapq
 from collections.abc import Collection, Iterable
 
 from .runs import SCHEDULABLE
+from .scheduler import Order, rank
 from .store import ExperimentState, choose
 
 __all__ = ["RunQueue"]
 
-_Key = tuple[float, int, bool]  # (progress, declaration index, owned by this worker)
-_Entry = tuple[float, int, str]  # (progress, declaration index, run)
-
-
-def _progress(done: int, total: int) -> float:
-    # A float, not a Fraction (five times cheaper to make): division is correctly rounded, so
-    # equal ratios (1/3, 2/6) give the same float, and two different ratios of chunk counts
-    # below 2**20 differ by at least 2**-40, far above a double's resolution near 1.
-    return done / max(total, 1)
+# The rank is the scheduler's (a float, not a Fraction: five times cheaper to make).
+_Key = tuple[float, int, bool]  # (rank, declaration index, owned by this worker)
+_Entry = tuple[float, int, str]  # (rank, declaration index, run)
 
 
 class RunQueue:
     """The runs ``worker`` may claim, ordered as :func:`~trl_rapidfire.shared_state.store.choose`
     orders
-    them: least progress first; among equals the resident run, then runs this worker owns,
-    then declaration order.
+    them: by the scheduler's rank in ``order`` (least progress first by default); among equals
+    the resident run, then runs this worker owns, then declaration order.
 
     Args:
         worker: the worker whose queue it is (only it may claim a run whose volatile chunks
             it holds).
+        order: the scheduler's order (:class:`~trl_rapidfire.shared_state.scheduler.Order`).
     """
 
-    def __init__(self, worker: str) -> None:
+    def __init__(self, worker: str, order: Order = Order.EVEN) -> None:
         self.worker = worker
+        self.order = order
         self._keys: dict[str, _Key] = {}  # claimable run -> its current key
         self._index: dict[str, int] = {}  # run -> its place in the declaration order
         self._all: list[_Entry] = []
@@ -73,11 +70,11 @@ class RunQueue:
         :func:`~trl_rapidfire.shared_state.store.choose`, for a ``state`` the queue is up to date
         with."""
         if worker != self.worker or state is not self._state:
-            return choose(state, worker, finishing)
+            return choose(state, worker, finishing, self.order)
         if any(name in self._keys for name in finishing):
             # A run being recorded that is also claimable counts one chunk further: rare
             # enough (its claim was lost) to answer by the full pass.
-            return choose(state, worker, finishing)
+            return choose(state, worker, finishing, self.order)
         resident = state.last_run.get(worker)
         candidates = []
         for heap, owned_only in ((self._all, False), (self._owned, True)):
@@ -91,20 +88,21 @@ class RunQueue:
             # choose counts it).
             key = self._key_of(state, name, finishing=True)
             if key is not None:
-                candidates.append((key[0], name != resident, not key[2], key[1], name))
+                candidates.append((key[0], self.order is Order.EVEN and name != resident,
+                                   not key[2], key[1], name))
         return min(candidates)[-1] if candidates else None
 
     # ------------------------------------------------------------------ internals
 
     def _ranked(self, name: str, resident: str | None) -> tuple[float, bool, bool, int, str]:
-        progress, index, owned = self._keys[name]
-        return progress, name != resident, not owned, index, name
+        ranked, index, owned = self._keys[name]
+        return ranked, self.order is Order.EVEN and name != resident, not owned, index, name
 
     def _top(self, heap: list[_Entry], owned_only: bool) -> _Entry | None:
         while heap:
-            progress, index, name = heap[0]
+            ranked, index, name = heap[0]
             key = self._keys.get(name)
-            if key is not None and key[0] == progress and key[1] == index \
+            if key is not None and key[0] == ranked and key[1] == index \
                     and (key[2] or not owned_only):
                 return heap[0]
             heapq.heappop(heap)
@@ -156,5 +154,5 @@ class RunQueue:
         owner = state.owner.get(name, self.worker)
         if owner != self.worker and record.volatile:
             return None  # its volatile chunks live in their owner only
-        return (_progress(done, total), self._place(state, name),
+        return (rank(done, total, self.order), self._place(state, name),
                 state.owner.get(name) == self.worker)

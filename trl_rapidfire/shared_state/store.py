@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .runs import RunState, RunStatus
-from .scheduler import pick_next
+from .scheduler import Order, pick_next
 from .state_schema import BadState, check_document, is_proposal
 from .worker_info import process_alive
 
@@ -39,9 +39,6 @@ __all__ = [
     "expire",
     "fail_claimed",
     "finish_chunk",
-    "disband_forming_gang",
-    "finish_gang_chunk",
-    "gang_ready",
     "handoff",
     "is_proposal",
     "mark_durable",
@@ -253,58 +250,14 @@ def claim_next(
     return name, run.chunks_done
 
 
-def gang_ready(state: ExperimentState) -> bool | None:
-    """Whether the gang has all its members (``None``: no gang any more, e.g. it broke up
-    because a member died)."""
-    gang = state.gang
-    if gang is None:
-        return None
-    return len(gang["members"]) >= state.gang_size[gang["run"]]
-
-
-def disband_forming_gang(state: ExperimentState, run: str) -> bool:
-    """``run`` left the rotation (stopped, deleted, failed): a gang still forming for it is
-    disbanded, its claim released, so its next chunk is not trained after all. A gang whose
-    members have all joined is training and finishes its chunk. Returns whether one was."""
-    gang = state.gang
-    if gang is None or gang["run"] != run or gang_ready(state):
-        return False
-    state.gang = None
-    state.claims.pop(run, None)
-    return True
-
-
-def finish_gang_chunk(state: ExperimentState, run: str, worker: str, chunk: int, *,
-                      global_step: int | None = None, complete: bool = False) -> bool | None:
-    """A gang member finished ``chunk`` of ``run`` (its share of the checkpoint is written).
-
-    The last member to finish records the chunk, as :func:`finish_chunk` does, and ends the
-    gang. Returns ``True`` for that member, ``None`` for the others, ``False`` if the gang is
-    gone (a member died and the chunk is trained again).
-    """
-    gang = state.gang
-    if gang is None or gang["run"] != run or gang["chunk"] != chunk \
-            or worker not in gang["members"]:
-        return False
-    if worker not in gang["done"]:
-        gang["done"].append(worker)
-    if len(gang["done"]) < len(gang["members"]):
-        return None
-    claim = state.claims.get(run)
-    state.gang = None
-    if claim is None:
-        return False
-    return finish_chunk(state, run, claim.worker, chunk, global_step=global_step,
-                        complete=complete)
-
-
 def choose(state: ExperimentState, worker: str,
-           finishing: Collection[str] = frozenset()) -> str | None:
+           finishing: Collection[str] = frozenset(), order: Order = Order.EVEN) -> str | None:
     """The run the scheduler's rule gives ``worker`` next (nothing is claimed).
 
     ``finishing``: runs this worker still holds while their last chunk's checkpoint is being
     written; they count as if that chunk were recorded, so the caller can tell whether to
-    wait for one of them rather than move on to another run.
+    wait for one of them rather than move on to another run. ``order``: the scheduler's
+    (:class:`~trl_rapidfire.shared_state.scheduler.Order`).
     """
     runs, totals, claims, owner = state.runs, state.chunks_total, state.claims, state.owner
     views = (
@@ -313,7 +266,8 @@ def choose(state: ExperimentState, worker: str,
         # Volatile chunks live in their owner only: nobody else can continue from them.
         and (owner.get(n, worker) == worker or not runs[n].volatile)
     )
-    return pick_next(views, resident=state.last_run.get(worker), local=_Owned(owner, worker))
+    return pick_next(views, resident=state.last_run.get(worker), local=_Owned(owner, worker),
+                     order=order)
 
 
 class _Owned:

@@ -27,6 +27,7 @@ from ...runtime.foreign_optuna import grid_search_space
 from ...search.fingerprint import config_doc
 from ...search.fingerprint import describe as describe_argument
 from ...search.searches import AdaptiveSearch, RunSpec, Search, SearchError
+from ...shared_state.scheduler import Order
 from ...storage.layout import Layout, run_index
 from .space import SearchSpace
 from .study import StudyBook
@@ -74,6 +75,13 @@ class OptunaSearch(AdaptiveSearch):
         seed: seeds the sampler (independent of training seeds).
         zip: as for :class:`~trl_rapidfire.search.searches.GridSearch` (a zip group is one
         parameter).
+        order: which runs in the rotation train first. ``"even"`` (the default): least
+            progress first, every run's curve advancing together. ``"promote"``: a new run's
+            first chunk first, then the most advanced run, so a run that survives its
+            pruner's checks finishes (and is told to the sampler) as early as it alone could.
+            On the docs' workload it came within 0.1% of transformers' best in a median 0.49x
+            of its steps (0.79x at ``"even"``), but on 2 seeds of 12 settled 0.5-0.6% above
+            it (``"even"``: 0.12% at worst); see docs/adaptive-search.md.
 
     Raises:
         OptunaMissing: Optuna is not installed (``pip install optuna``).
@@ -82,7 +90,8 @@ class OptunaSearch(AdaptiveSearch):
     def __init__(self, sampler: Any = None, *, num_runs: int, max_concurrent: int = 4,
                  metric: str | Sequence[str] = "eval_loss",
                  direction: str | Sequence[str] = "minimize", seed: int = 0,
-                 zip: Sequence[Sequence[str]] = ()) -> None:  # noqa: A002 - the public name
+                 zip: Sequence[Sequence[str]] = (),  # noqa: A002 - the public name
+                 order: str = "even") -> None:
         optuna = require_optuna("OptunaSearch")
         for name, value in (("num_runs", num_runs), ("max_concurrent", max_concurrent)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -90,6 +99,11 @@ class OptunaSearch(AdaptiveSearch):
         metrics, directions = _objectives(metric, direction)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise SearchError(f"OptunaSearch seed must be an integer, got {seed!r}.")
+        orders = [o.value for o in Order]
+        if order not in orders:
+            raise SearchError(f"OptunaSearch order must be one of {orders}, got {order!r}: "
+                              "'even' trains the runs in the rotation side by side, 'promote' "
+                              "the most advanced first.")
         if sampler is not None and not isinstance(sampler, optuna.samplers.BaseSampler) \
                 and not callable(sampler):
             raise SearchError(f"OptunaSearch sampler must be an Optuna sampler, a function "
@@ -100,6 +114,7 @@ class OptunaSearch(AdaptiveSearch):
         # The first objective serves where one is needed (best_run, one-metric readers).
         self.metrics, self.directions = metrics, directions
         self.metric, self.direction, self.seed = metrics[0], directions[0], seed
+        self.order = Order(order)
 
     def objective(self) -> tuple[str, bool]:
         """The study's metric and direction (with several: the first)."""
@@ -187,9 +202,9 @@ class OptunaSearch(AdaptiveSearch):
 
     def describe(self, rf_config: Any, **trainer_level: Any) -> Any:
         """The sampler, seed, metric, direction, every knob, and the config with each knob
-        at its first candidate (``num_runs`` and ``max_concurrent`` are left out: a re-run
-        may give the study more runs, or more at a time). Both ends of every knob are checked
-        as runs before anything loads."""
+        at its first candidate (``num_runs``, ``max_concurrent`` and ``order`` are left out:
+        a re-run may give the study more runs, more at a time, or another order). Both ends
+        of every knob are checked as runs before anything loads."""
         space = self.space(rf_config, trainer_level)
         ends = []
         for last in (False, True):
@@ -220,7 +235,7 @@ class OptunaSearch(AdaptiveSearch):
         book = StudyBook(space, layout, sampler_for=self.sampler_for,
                          sampler_name=self.sampler_name, num_runs=self.num_runs,
                          max_concurrent=self.max_concurrent, metrics=self.metrics,
-                         directions=self.directions, grid=self.grid(space))
+                         directions=self.directions, grid=self.grid(space), order=self.order)
         specs = [Search.build_run(p.name, run_index(p.name) or 0, p.knobs, rf_config,
                                   trainer_level) for p in book.first_runs()]
         return specs, book

@@ -35,6 +35,7 @@ from filelock import FileLock
 from ...control.policies import RunHistory, chunk_values
 from ...engine.proposals import Proposal
 from ...shared_state.runs import RunStatus
+from ...shared_state.scheduler import Order
 from ...shared_state.store import StoreError
 from ...storage.csv_logs import append_row, read_rows
 from ...storage.layout import Layout, run_name
@@ -75,17 +76,19 @@ class StudyBook:
             several make a multi-objective study.
         grid: a ``GridSampler``'s points ({parameter: values}), or ``None``: the search then
             proposes each point once and ends when every point was proposed.
+        order: which runs in the rotation train first (the engine's scheduler reads it).
     """
 
     def __init__(self, space: SearchSpace, layout: Layout, *, sampler_for: Callable[[int], Any],
                  sampler_name: str, num_runs: int, max_concurrent: int,
                  metrics: Sequence[str], directions: Sequence[str],
-                 grid: Mapping[str, Sequence[Any]] | None = None) -> None:
+                 grid: Mapping[str, Sequence[Any]] | None = None,
+                 order: Order = Order.EVEN) -> None:
         optuna = require_optuna("OptunaSearch")
         self._optuna = optuna
         self.space = space
         self.sampler_for, self.sampler_name = sampler_for, sampler_name
-        self.num_runs, self.max_concurrent = num_runs, max_concurrent
+        self.num_runs, self.max_concurrent, self.order = num_runs, max_concurrent, order
         self.metrics, self.directions = tuple(metrics), tuple(directions)
         self.grid = None if grid is None else {k: list(v) for k, v in sorted(grid.items())}
         os.close(open_folder(layout.state_dir))  # made; never through a link
