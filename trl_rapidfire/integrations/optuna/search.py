@@ -79,9 +79,10 @@ class OptunaSearch(AdaptiveSearch):
             progress first, every run's curve advancing together. ``"promote"``: a new run's
             first chunk first, then the most advanced run, so a run that survives its
             pruner's checks finishes (and is told to the sampler) as early as it alone could.
-            On the docs' workload it came within 0.1% of transformers' best in a median 0.49x
-            of its steps (0.79x at ``"even"``), but on 2 seeds of 12 settled 0.5-0.6% above
-            it (``"even"``: 0.12% at worst); see docs/adaptive-search.md.
+            On the docs' workload it came within 0.1% of transformers' best in less than
+            half of transformers' time at each of seeds 0 to 3 (``"even"``: not at seed 0),
+            but over seeds 0 to 11 it settled more than 0.1% above that best on 4 (1.12% at
+            seed 8; ``"even"``: on 2, by 0.12% at most); see docs/adaptive-search.md.
 
     Raises:
         OptunaMissing: Optuna is not installed (``pip install optuna``).
