@@ -6,6 +6,7 @@ Optuna opens its journal itself, so that path is checked before Optuna is handed
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import stat
@@ -100,3 +101,92 @@ def test_a_fifo_or_socket_at_the_optuna_journal_is_an_error_naming_it(tmp_path, 
     journal = out / ".rapidfire" / "optuna.journal"
     assert f"REFUSED StoreError: {journal} is not a regular file" in done.stdout, (
         done.stdout, done.stderr[-3000:])
+
+
+def test_tensor_readers_get_the_file_as_opened_never_its_name(tmp_path):
+    """safetensors and torch.load take a path: they are handed the descriptor's, so a link or a
+    FIFO at the name is refused, and a file swapped in after the check is not what they read."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from trl_rapidfire.storage.own_files import read_by_descriptor
+
+    path = tmp_path / "t.safetensors"
+    save_file({"w": torch.ones(2)}, str(path))
+    with read_by_descriptor(path) as opened:
+        os.replace(_other(tmp_path, torch.zeros(2)), path)  # swapped after the check
+        assert torch.equal(load_file(opened)["w"], torch.ones(2))
+    assert torch.equal(load_file(str(path))["w"], torch.zeros(2))  # the name moved on
+
+    (tmp_path / "link.safetensors").symlink_to(path)
+    with pytest.raises(LinkRefused, match="link"):
+        with read_by_descriptor(tmp_path / "link.safetensors"):
+            pass
+    os.mkfifo(tmp_path / "fifo.pt")
+    start = time.monotonic()
+    with _never_hung(tmp_path / "fifo.pt"), pytest.raises(LinkRefused, match="not a regular"):
+        with read_by_descriptor(tmp_path / "fifo.pt"):
+            pass
+    assert time.monotonic() - start < 5
+
+
+@contextlib.contextmanager
+def _never_hung(*fifos: Path, after: float = 10.0):
+    """If a reader blocks on one of ``fifos`` (the bug these tests catch), a writer opens it
+    after ``after`` seconds, so the reader returns and the test fails instead of hanging. The
+    writer is another process: a reader blocked in native code (safetensors) holds the GIL."""
+    script = 'sleep "$0"; for f in "$@"; do timeout 2 sh -c \': > "$0"\' "$f"; done'
+    writer = subprocess.Popen(["sh", "-c", script, str(after), *map(str, fifos)])
+    try:
+        yield
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def _other(folder: Path, value) -> Path:
+    from safetensors.torch import save_file
+
+    other = folder / "other.safetensors"
+    save_file({"w": value}, str(other))
+    return other
+
+
+def test_a_fifo_in_a_parked_state_or_a_checkpoint_is_an_error_naming_it(tmp_path):
+    """The state cache's spilled trees, a parent's checkpoint read for a warm start, and the log
+    state a resumed run reads: each refuses a FIFO (or a link) at once instead of waiting."""
+    import torch
+    from safetensors.torch import save_file
+
+    from trl_rapidfire.runtime.state_tree import TENSORS_FILE, load_tree, save_tree
+    from trl_rapidfire.storage.checkpoints import run_state_from_checkpoint
+    from trl_rapidfire.trainers.log_state import LOG_STATE_NAME, arm
+
+    tree = tmp_path / "tree"
+    save_tree({"params": [torch.ones(3)]}, tree)
+    assert torch.equal(load_tree(tree)["params"][0], torch.ones(3))
+    (tree / TENSORS_FILE).unlink()
+    os.mkfifo(tree / TENSORS_FILE)
+
+    ckpt = tmp_path / "checkpoint-2"
+    ckpt.mkdir()
+    param = torch.nn.Parameter(torch.ones(3))
+    save_file({"w": torch.ones(3)}, str(ckpt / "adapter_model.safetensors"))
+    os.mkfifo(ckpt / "optimizer.pt")
+    os.mkfifo(ckpt / LOG_STATE_NAME)
+
+    class _Args:
+        world_size = 1
+
+    class _Trainer:
+        args = _Args()
+
+    start = time.monotonic()
+    with _never_hung(tree / TENSORS_FILE, ckpt / "optimizer.pt", ckpt / LOG_STATE_NAME):
+        with pytest.raises(LinkRefused, match=f"{tree / TENSORS_FILE} is not a regular file"):
+            load_tree(tree)
+        with pytest.raises(LinkRefused, match=f"{ckpt / 'optimizer.pt'} is not a regular"):
+            run_state_from_checkpoint(ckpt, [("w", param)], None, set())
+        with pytest.raises(LinkRefused, match=f"{ckpt / LOG_STATE_NAME} is not a regular"):
+            arm(_Trainer(), ckpt)
+    assert time.monotonic() - start < 5

@@ -14,6 +14,7 @@ from ..control.ops import Op, OpError, parse_op
 from ..runtime.cache import StateCache, load_tree
 from ..storage.checkpoints import checkpoint_at, link_folder, run_state_from_checkpoint
 from ..storage.layout import Layout, run_index
+from ..storage.names import UntrustedValue
 from .records import RunSlot
 from .run_trainer import NewRun, RunFactory
 
@@ -164,7 +165,7 @@ class Clones:
         decay = set(slot.live_trainer().get_decay_parameter_names(model))
         try:
             return run_state_from_checkpoint(ckpt, named, slot.adapter, decay)
-        except LookupError as err:
+        except (LookupError, UntrustedValue) as err:  # UntrustedValue: a link or FIFO in it
             raise OpError(f"cannot warm-start from {slot.name}'s checkpoint: {err}") from None
 
 

@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from ..storage.atomic_folders import TMP_PREFIX, fsync_file, replace_folder
 from ..storage.outside_text import STATE_BYTES
-from ..storage.own_files import read_json
+from ..storage.own_files import read_by_descriptor, read_json
 
 __all__ = [
     "TENSORS_FILE",
@@ -311,7 +311,8 @@ def load_tree(folder: str | os.PathLike) -> Any:
     """Read a state tree written by :func:`save_tree`; tensors are on the CPU."""
     folder = Path(folder)
     doc = _read_doc(folder)
-    tensors = load_file(folder / TENSORS_FILE, device="cpu")
+    with read_by_descriptor(folder / TENSORS_FILE) as tensors_file:  # no link, no FIFO
+        tensors = load_file(tensors_file, device="cpu")
     return _decode(doc["tree"], tensors)
 
 

@@ -30,6 +30,7 @@ import torch
 
 from .atomic_folders import fsync_file as _fsync_file
 from .atomic_folders import replace_folder
+from .own_files import read_by_descriptor
 from .write_path import FolderWrite, open_folder
 
 __all__ = [
@@ -217,13 +218,18 @@ def run_state_from_checkpoint(
     :func:`_saved_key`); ``decay`` the names
     the Trainer puts in its weight-decay group. The Trainer numbers optimizer state in the
     order of its groups (decay, then no decay), each in model order, over the parameters that
-    were trainable: the run's own. Raises ``LookupError`` when the files do not match.
+    were trainable: the run's own. Raises ``LookupError`` when the files do not match, and
+    :class:`~trl_rapidfire.storage.own_files.LinkRefused` when one is a link or not a regular
+    file (read by descriptor: :func:`~trl_rapidfire.storage.own_files.read_by_descriptor`).
     """
     from safetensors.torch import load_file
 
     for name in ("adapter_model.safetensors", "model.safetensors"):
-        if (checkpoint / name).is_file():
-            tensors = load_file(checkpoint / name)
+        # Anything at the name is read, so that a link or a FIFO there is refused by name
+        # (LinkRefused) rather than taken for a missing file.
+        if os.path.lexists(checkpoint / name):
+            with read_by_descriptor(checkpoint / name) as weights:  # no link, no FIFO
+                tensors = load_file(weights)
             break
     else:
         raise LookupError(f"no weights in {checkpoint}")
@@ -233,9 +239,10 @@ def run_state_from_checkpoint(
         if key not in tensors:
             raise LookupError(f"{key} is not in {checkpoint}")
         values.append(tensors[key])
-    if not (checkpoint / "optimizer.pt").is_file():
+    if not os.path.lexists(checkpoint / "optimizer.pt"):
         raise LookupError(f"no optimizer state in {checkpoint}")
-    saved = torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=True)
+    with read_by_descriptor(checkpoint / "optimizer.pt") as optimizer_file:
+        saved = torch.load(optimizer_file, map_location="cpu", weights_only=True)
     numbered = [i for g in saved["param_groups"] for i in g["params"]]
     order = [i for i, (n, _) in enumerate(named_params) if n in decay]
     order += [i for i, (n, _) in enumerate(named_params) if n not in decay]

@@ -6,6 +6,9 @@ Whoever can write into ``output_dir`` could leave a link where the experiment ke
 itself is opened with ``O_NOFOLLOW``: a link in the last component is refused
 (:class:`LinkRefused`, naming the path) instead of followed.
 
+Readers of others that take a path (safetensors, ``torch.load``) get the file as opened and
+checked here (:func:`read_by_descriptor`), never its name.
+
 Every write (:func:`append_text`, :func:`write_atomic`, :func:`open_nofollow` for writing) goes
 through the one write path, :mod:`trl_rapidfire.storage.write_path`: the folders from the
 experiment's root down are opened by descriptor without following a link, and a file opened
@@ -22,12 +25,14 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .names import UntrustedValue
 from .outside_text import MAX_DEPTH, SMALL_FILE_BYTES, OutsideTextError, loads
 from .write_path import (
+    BY_DESCRIPTOR,
     LinkRefused,
     not_regular,
     open_child,
@@ -36,8 +41,8 @@ from .write_path import (
     replace_in,
 )
 
-__all__ = ["LinkRefused", "append_text", "not_regular", "open_nofollow", "read_bytes",
-           "read_json", "write_atomic", "write_under"]
+__all__ = ["LinkRefused", "append_text", "not_regular", "open_nofollow", "read_by_descriptor",
+           "read_bytes", "read_json", "write_atomic", "write_under"]
 
 
 def open_nofollow(path: str | os.PathLike, flags: int, mode: int = 0o644) -> int:
@@ -99,6 +104,26 @@ def read_json(path: str | os.PathLike, *, max_bytes: int = SMALL_FILE_BYTES,
     file."""
     return loads(read_bytes(path, max_bytes=max_bytes), what=str(path), max_bytes=max_bytes,
                  max_depth=max_depth)
+
+
+@contextlib.contextmanager
+def read_by_descriptor(path: str | os.PathLike) -> Iterator[str]:
+    """For readers that take a path (safetensors' ``load_file``, ``torch.load``): the file
+    ``path`` opened as :func:`open_nofollow` opens it (a link, a FIFO, a device refused, by the
+    descriptor: nothing swapped in after the look gets through), handed over as
+    ``/proc/self/fd/<n>``, which reopens that file whatever the name points to by then;
+    closed after.
+
+    Raises:
+        FileNotFoundError: there is none.
+        LinkRefused: it is a link, or not a regular file.
+    """
+    fd = open_nofollow(path, os.O_RDONLY)
+    try:
+        # Without /proc (not Linux): the name, checked just above.
+        yield str(BY_DESCRIPTOR / str(fd)) if BY_DESCRIPTOR.is_dir() else str(path)
+    finally:
+        os.close(fd)
 
 
 def append_text(path: str | os.PathLike, text: str) -> None:

@@ -36,15 +36,15 @@ from pathlib import Path
 
 from .names import UntrustedValue
 
-__all__ = ["FolderWrite", "LinkRefused", "hard_linked", "not_regular", "open_child",
-           "open_folder", "open_for_write", "refused_link", "register_root", "replace_in",
-           "same_folder"]
+__all__ = ["BY_DESCRIPTOR", "FolderWrite", "LinkRefused", "hard_linked", "not_regular",
+           "open_child", "open_folder", "open_for_write", "refused_link", "register_root",
+           "replace_in", "same_folder"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ROOTS: set[Path] = set()
 _ROOTS_LOCK = threading.Lock()
-# Code of others writes into a held folder by this path (Linux): the descriptor, not a name.
-_BY_DESCRIPTOR = Path("/proc/self/fd")
+# Code of others reads and writes by this path (Linux): the descriptor, not a name.
+BY_DESCRIPTOR = Path("/proc/self/fd")
 
 
 class LinkRefused(UntrustedValue):
@@ -262,7 +262,7 @@ class FolderWrite:
         """A path that reaches the folder ``fd`` holds through the descriptor itself (Linux's
         ``/proc/self/fd/<n>``), whatever is done to the names above it meanwhile; ``folder``
         (its name) where the system has no such path."""
-        return _BY_DESCRIPTOR / str(fd) if _BY_DESCRIPTOR.is_dir() else folder
+        return BY_DESCRIPTOR / str(fd) if BY_DESCRIPTOR.is_dir() else folder
 
     def _check_tree(self, single_names: bool) -> None:
         st = os.lstat(self.name, dir_fd=self.parent)

@@ -31,6 +31,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from ..runtime.foreign_internals import log_carry, restore_log_carry, total_loss_scalar
+from ..storage.outside_text import STATE_BYTES
+from ..storage.own_files import read_json
 
 __all__ = ["LOG_STATE_NAME", "RestoreLogs", "arm", "checkpoint_files", "whole_run_output",
            "whole_run_train_loss", "write_into"]
@@ -88,7 +90,8 @@ def arm(trainer: Any, resume_from_checkpoint: Any) -> None:
         return
     path = Path(resume_from_checkpoint) / _file_name(trainer)
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
+        # Bounded, never through a link or from a FIFO: the folder may have been edited.
+        saved = read_json(path, max_bytes=STATE_BYTES)
     except FileNotFoundError:  # a checkpoint written without it: the Trainer's own resume
         return
     if isinstance(saved, dict) and saved.get("version") == _VERSION:
