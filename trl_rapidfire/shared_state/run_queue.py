@@ -88,7 +88,7 @@ class RunQueue:
             # choose counts it).
             key = self._key_of(state, name, finishing=True)
             if key is not None:
-                candidates.append((key[0], self.order is Order.EVEN and name != resident,
+                candidates.append((key[0], self.order.resident_first and name != resident,
                                    not key[2], key[1], name))
         return min(candidates)[-1] if candidates else None
 
@@ -96,7 +96,7 @@ class RunQueue:
 
     def _ranked(self, name: str, resident: str | None) -> tuple[float, bool, bool, int, str]:
         ranked, index, owned = self._keys[name]
-        return ranked, self.order is Order.EVEN and name != resident, not owned, index, name
+        return ranked, self.order.resident_first and name != resident, not owned, index, name
 
     def _top(self, heap: list[_Entry], owned_only: bool) -> _Entry | None:
         while heap:

@@ -37,6 +37,12 @@ class Order(StrEnum):
     EVEN = "even"
     PROMOTE = "promote"
 
+    @property
+    def resident_first(self) -> bool:
+        """Whether ties go to the resident run first (``EVEN``); under ``PROMOTE`` the
+        waiting runs are served oldest first instead (see the module's docstring)."""
+        return self is Order.EVEN
+
 
 def rank(done: int, total: int, order: Order) -> float:
     """A run's place in ``order`` with ``done`` of its ``total`` chunks trained: lower goes
@@ -119,7 +125,7 @@ def _pick_ranked(runs: Iterable[RunView | tuple], resident: str | None,
     for name, index, status, done, total in runs:
         if status not in SCHEDULABLE or done >= total:
             continue
-        key = (rank(done, total, order), order is Order.EVEN and name != resident,
+        key = (rank(done, total, order), order.resident_first and name != resident,
                name not in local, index)
         if best_key is None or key < best_key:
             best, best_key = name, key
